@@ -1,0 +1,47 @@
+# llmlab: `make run` trains the default model and samples from it; `make test` runs the tests.
+#
+# Commands run in the active virtual environment (or conda env) when there is one,
+# otherwise in ./.venv, which `make install` creates.
+
+ifneq ($(VIRTUAL_ENV),)
+  BIN := $(VIRTUAL_ENV)/bin/
+else ifneq ($(CONDA_PREFIX),)
+  BIN := $(CONDA_PREFIX)/bin/
+else
+  BIN := $(CURDIR)/.venv/bin/
+endif
+PYTHON := $(BIN)python
+LLMLAB := $(PYTHON) -m llmlab
+PROMPT ?= def fib(
+SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
+
+.PHONY: install run test test-all bench clean distclean
+
+install:  ## editable install with the test extra; does nothing when already installed
+	@if [ ! -x "$(PYTHON)" ]; then echo "creating .venv"; python3 -m venv .venv; fi
+	@if $(PYTHON) -c "import llmlab, pytest, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') else 1)" 2>/dev/null; then \
+		echo "llmlab is installed in $(BIN)"; \
+	else \
+		$(PYTHON) -m pip install -e ".[test]"; \
+	fi
+
+run: install  ## prepare the stdlib corpus, train the default model on this machine, print a sample
+	$(LLMLAB) train
+	$(LLMLAB) sample ckpt=latest prompt="$(PROMPT)" max_new_tokens=120
+
+test: install  ## the fast suite
+	$(PYTHON) -m pytest -q
+
+test-all: install  ## everything, slow end-to-end runs included
+	$(PYTHON) -m pytest -q -m "slow or not slow"
+
+bench: install  ## benchmarks; results go to bench/results/
+	$(PYTHON) -m bench.tokenize_speed --shakespeare "$(SHAKESPEARE)"
+	$(PYTHON) -m bench.train_default
+
+clean:  ## run outputs, prepared data and build leftovers (keeps .venv)
+	rm -rf outputs multirun wandb .cache .pytest_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -not -path "./.venv/*" -exec rm -rf {} +
+
+distclean: clean
+	rm -rf .venv

@@ -1,0 +1,220 @@
+"""``llmlab <command> [overrides]``: dispatch to the command's Hydra app.
+
+Before Hydra runs a command, `preflight` composes its config for every combination of the
+given overrides (sweeps included) and checks it, so a misspelt key, an unknown option or an
+impossible combination stops at once with one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+USAGE_COMMANDS = {
+    "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
+    "train": "train a model; prepares the data first when needed",
+    "eval": "score a checkpoint: loss, perplexity, bits per byte",
+    "sample": "generate text from a checkpoint (KV cache, top-k/top-p)",
+}
+
+USAGE = "usage: llmlab <command> [key=value ...] [-m] [--cfg job] [--help]\n\ncommands:\n" + "".join(
+    f"  {name:<9} {line}\n" for name, line in USAGE_COMMANDS.items()) + (
+    "\n`llmlab <command> --help` shows the command's config groups and settings.\n")
+
+# Hydra flags that take a value, and flags after which no config checking makes sense.
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                "--config-dir", "-cd", "--experimental-rerun"}
+_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+_NO_CHECK_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc",
+                   "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+MAX_CHECKED_COMBINATIONS = 64
+
+
+def conf_dir() -> Path:
+    """conf/ ships inside the package as llmlab/conf; in a source checkout it is ../conf."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "train.yaml").is_file():
+            return candidate
+    raise RuntimeError("llmlab's conf/ directory is missing from this installation")
+
+
+def fail(message: str, code: int = 1) -> None:
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    sys.stderr.write(f"llmlab: error: {first}\n")
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def guarded(fn: Callable) -> Callable:
+    """Run a command body; a UserError becomes one line on stderr and exit status 1."""
+    from llmlab.errors import UserError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            fail(str(e), 1)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+    return wrapper
+
+
+def split_args(args: list[str]) -> tuple[list[str], bool]:
+    """The key=value overrides among Hydra's arguments, and whether they should be checked."""
+    overrides, check, i = [], True, 0
+    while i < len(args):
+        a = args[i]
+        if a in _NO_CHECK_FLAGS or a.split("=")[0] in _NO_CHECK_FLAGS:
+            check = False
+        if a in _VALUE_FLAGS:
+            i += 2
+            continue
+        if a == "--info":
+            i += 2 if i + 1 < len(args) and args[i + 1] in _INFO_VALUES else 1
+            continue
+        if not a.startswith("-"):
+            key = a.lstrip("+~").split("=")[0]
+            if not (key == "hydra" or key.startswith(("hydra.", "hydra/"))):
+                overrides.append(a)
+        i += 1
+    return overrides, check
+
+
+def quote_free_text(arg: str) -> str:
+    """``prompt="def fib("`` reaches us as ``prompt=def fib(``, which Hydra's override grammar
+    rejects. A key=value that does not parse, and is not quoted already, is passed as a quoted
+    string; the config checks then judge the value as usual."""
+    if arg.startswith("-") or "=" not in arg:
+        return arg
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        OverridesParser.create().parse_override(arg)
+        return arg
+    except HydraException:
+        key, value = arg.split("=", 1)
+        if value[:1] in ("'", '"'):
+            return arg
+        # in Hydra's quoted strings only backslashes before a quote (or the end) are escapes
+        value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+        value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)
+        return f"{key}='{value}'"
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Every combination of the sweep values in ``overrides`` (capped)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = []
+    for text, o in zip(overrides, parsed):
+        if o.is_sweep_override():
+            try:
+                key = text.split("=", 1)[0]
+                choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+            except Exception:  # glob sweeps and the like: Hydra checks them itself
+                continue
+        else:
+            choices.append([text])
+    combos = itertools.product(*choices)
+    return [list(c) for c in itertools.islice(combos, MAX_CHECKED_COMBINATIONS)]
+
+
+def _explain(err: Exception, overrides: list[str], compose) -> str:
+    """One line for a Hydra composition error: the key and what is allowed."""
+    from omegaconf import DictConfig, OmegaConf
+
+    msg = str(err)
+    m = re.search(r"Could not find '([^']+)'", msg)
+    if m:
+        group, _, option = m.group(1).rpartition("/")
+        options = re.findall(r"^\t(\S+)$", msg.split("Config search path")[0], flags=re.M)
+        allowed = ", ".join(options) if options else "(none)"
+        return f"{group}={option}: unknown option; allowed: {allowed}"
+    m = re.search(r"Could not (?:override|delete) '([^']+)'", msg) or re.search(r"full_key: (\S+)", msg)
+    if m:
+        key = m.group(1)
+        others = [o for o in overrides if o.lstrip("+~").split("=")[0] != key]
+        try:
+            cfg = compose(others)
+        except Exception:
+            cfg = None
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if (cfg is not None and parent) else cfg
+        if isinstance(node, DictConfig):
+            where = f"under '{parent}'" if parent else "at the top level"
+            return f"{key}: unknown key; allowed {where}: {', '.join(map(str, node.keys()))}"
+        return f"{key}: unknown key ({msg.splitlines()[0]})"
+    return msg.strip().splitlines()[0]
+
+
+def preflight(command: str, args: list[str]) -> None:
+    overrides, check = split_args(args)
+    if not check:
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from llmlab.errors import UserError
+
+    validate = importlib.import_module(f"llmlab.commands.{command}").validate
+    try:
+        combos = expand_sweeps(overrides)
+    except HydraException as e:
+        fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=command):
+        def compose_with(ovs):
+            return compose(config_name=command, overrides=ovs)
+
+        for combo in combos:
+            try:
+                cfg = compose_with(combo)
+                validate(OmegaConf.to_container(cfg, resolve=True))
+            except UserError as e:
+                fail(str(e), 2)
+            except (HydraException, OmegaConfBaseException) as e:
+                fail(_explain(e, combo, compose_with), 2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return
+    if argv[0] in ("--version", "-V"):
+        from llmlab import __version__
+        print(f"llmlab {__version__}")
+        return
+    command, rest = argv[0], [quote_free_text(a) for a in argv[1:]]
+    if command not in USAGE_COMMANDS:
+        sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
+        raise SystemExit(2)
+    preflight(command, rest)
+    module = importlib.import_module(f"llmlab.commands.{command}")
+    app = hydra_app(command, module.run)
+    sys.argv = [f"llmlab {command}", *rest]
+    app()
+
+
+def hydra_app(command: str, body: Callable) -> Callable:
+    import hydra
+
+    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=command)
+    def app(cfg) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        guarded(body)(OmegaConf.to_container(cfg, resolve=True), run_dir)
+
+    return app

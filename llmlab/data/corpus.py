@@ -1,0 +1,234 @@
+"""Corpora (config group ``data``): where the text comes from, split into train and val.
+
+A corpus yields documents. Splits are by document and deterministic: documents are ordered
+by a hash of their name and the first ``val_fraction`` of that order is validation. A corpus
+of a single document is split at a line near the end instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmlab.errors import ConfigError, UserError
+from llmlab.registry import Registry
+
+CORPUS = Registry("data")
+
+
+@dataclass
+class Document:
+    name: str
+    text: str
+    nbytes: int  # bytes of the source as stored, before any decoding repair
+
+
+@dataclass
+class Split:
+    train: list[Document]
+    val: list[Document]
+
+    def summary(self) -> dict[str, int]:
+        return {"train_docs": len(self.train), "val_docs": len(self.val),
+                "train_bytes": sum(d.nbytes for d in self.train), "val_bytes": sum(d.nbytes for d in self.val)}
+
+
+def _rank(name: str) -> str:
+    return hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def split_documents(docs: list[Document], val_fraction: float) -> Split:
+    if not docs:
+        raise UserError("the corpus is empty: no documents were found")
+    if len(docs) == 1:
+        doc = docs[0]
+        cut = int(len(doc.text) * (1 - val_fraction))
+        newline = doc.text.find("\n", cut)
+        cut = newline + 1 if 0 <= newline < len(doc.text) - 1 else cut
+        head, tail = doc.text[:cut], doc.text[cut:]
+        head_bytes = len(head.encode("utf-8", "surrogatepass"))
+        # bytes of the stored source, split in proportion where decoding repaired anything
+        return Split([Document(doc.name, head, min(head_bytes, doc.nbytes))],
+                     [Document(doc.name + ":val", tail, doc.nbytes - min(head_bytes, doc.nbytes))])
+    order = sorted(docs, key=lambda d: _rank(d.name))
+    n_val = min(len(docs) - 1, max(1, round(val_fraction * len(docs))))
+    val = sorted(order[:n_val], key=lambda d: d.name)
+    train = sorted(order[n_val:], key=lambda d: d.name)
+    return Split(train, val)
+
+
+def read_file(path: Path, root: Path | None = None) -> Document:
+    raw = path.read_bytes()
+    name = str(path.relative_to(root)) if root else str(path)
+    # a few stdlib files are not UTF-8: repair the text, keep the honest byte count
+    return Document(name, raw.decode("utf-8", errors="replace"), len(raw))
+
+
+class Corpus:
+    @dataclass
+    class Config:
+        kind: str = ""
+        val_fraction: float = 0.05
+
+        def check(self, prefix: str) -> None:
+            if not 0 < self.val_fraction < 1:
+                raise ConfigError(f"{prefix}.val_fraction: must be in (0, 1), got {self.val_fraction}")
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def documents(self) -> list[Document]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this corpus's content, for the prepared-data cache key."""
+        raise NotImplementedError
+
+    def split(self) -> Split:
+        return split_documents(self.documents(), self.cfg.val_fraction)
+
+
+def _files_fingerprint(files: list[Path]) -> dict[str, Any]:
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return {"files": len(files), "digest": h.hexdigest()[:16]}
+
+
+@CORPUS.register("pysource")
+class PythonSource(Corpus):
+    """The ``*.py`` files of the running interpreter's standard library, tests left out."""
+
+    SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+
+    @dataclass
+    class Config(Corpus.Config):
+        kind: str = "pysource"
+        root: str | None = None  # None: this interpreter's stdlib
+
+    def root(self) -> Path:
+        return Path(self.cfg.root or sysconfig.get_paths()["stdlib"])
+
+    def files(self) -> list[Path]:
+        root = self.root()
+        if not root.is_dir():
+            raise UserError(f"data.root: {root} is not a directory")
+        return sorted(p for p in root.rglob("*.py")
+                      if not (set(p.relative_to(root).parts[:-1]) & self.SKIP_DIRS)
+                      and not p.name.startswith("test_"))
+
+    def documents(self) -> list[Document]:
+        root = self.root()
+        return [read_file(p, root) for p in self.files()]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"root": str(self.root()), "python": sys.version.split()[0], **_files_fingerprint(self.files())}
+
+
+@CORPUS.register("text")
+class TextFiles(Corpus):
+    """Plain text files, by path or glob (``**`` recurses)."""
+
+    @dataclass
+    class Config(Corpus.Config):
+        kind: str = "text"
+        paths: list[str] | str = field(default_factory=list)  # one pattern or a list of them
+
+    def files(self) -> list[Path]:
+        patterns = [self.cfg.paths] if isinstance(self.cfg.paths, str) else list(self.cfg.paths)
+        if not patterns:
+            raise ConfigError("data.paths: no files given; set data.paths=[file.txt,'dir/**/*.md']")
+        found: set[Path] = set()
+        for pattern in patterns:
+            pattern = os.path.expanduser(pattern)
+            matches = glob.glob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
+            found.update(Path(m).resolve() for m in matches if Path(m).is_file())
+        if not found:
+            raise UserError(f"data.paths: no files matched {patterns}")
+        return sorted(found)
+
+    def documents(self) -> list[Document]:
+        return [read_file(p) for p in self.files()]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return _files_fingerprint(self.files())
+
+
+@CORPUS.register("hf")
+class HFDataset(Corpus):
+    """A Hugging Face `datasets` dataset by hub name or local path (json, parquet, csv, text,
+    or a saved dataset directory). Rows of ``text_column`` are documents."""
+
+    LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv",
+                      ".txt": "text", ".arrow": "arrow"}
+
+    @dataclass
+    class Config(Corpus.Config):
+        kind: str = "hf"
+        path: str = ""
+        name: str | None = None  # the dataset's configuration name, if it has several
+        split: str = "train"
+        val_split: str | None = None  # a split to use as validation; None: hold out val_fraction
+        text_column: str = "text"
+        max_docs: int | None = None
+
+    def _load(self, split: str):
+        import datasets
+
+        path = os.path.expanduser(self.cfg.path)
+        if not path:
+            raise ConfigError("data.path: set a dataset name or a local file, e.g. data.path=corpus.jsonl")
+        builder, kwargs = path, {}
+        local = glob.glob(path) if glob.has_magic(path) else ([path] if os.path.exists(path) else [])
+        if local and all(os.path.isfile(p) for p in local):
+            suffixes = {Path(p).suffix for p in local}
+            if len(suffixes) != 1 or suffixes.pop() not in self.LOCAL_BUILDERS:
+                allowed = ", ".join(sorted(self.LOCAL_BUILDERS))
+                raise UserError(f"data.path: local files must share one of the suffixes {allowed}")
+            builder, kwargs = self.LOCAL_BUILDERS[Path(local[0]).suffix], {"data_files": sorted(local)}
+        elif os.path.isdir(path) and (Path(path) / "dataset_info.json").exists():
+            ds = datasets.load_from_disk(path)
+            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        try:
+            return datasets.load_dataset(builder, self.cfg.name, split=split, **kwargs)
+        except (FileNotFoundError, ValueError, ConnectionError) as e:
+            raise UserError(f"data.path: cannot load '{self.cfg.path}' split '{split}': {str(e).splitlines()[0]}") from e
+
+    def _docs(self, split: str) -> list[Document]:
+        ds = self._load(split)
+        col = self.cfg.text_column
+        if col not in ds.column_names:
+            raise ConfigError(f"data.text_column: '{col}' is not a column; columns: {', '.join(ds.column_names)}")
+        if self.cfg.max_docs is not None:
+            ds = ds.select(range(min(self.cfg.max_docs, len(ds))))
+        docs = []
+        for i, text in enumerate(ds[col]):
+            text = text or ""
+            docs.append(Document(f"{split}/{i:09d}", text, len(text.encode("utf-8", "surrogatepass"))))
+        return docs
+
+    def documents(self) -> list[Document]:
+        return self._docs(self.cfg.split)
+
+    def split(self) -> Split:
+        if self.cfg.val_split:
+            train, val = self._docs(self.cfg.split), self._docs(self.cfg.val_split)
+            if not train or not val:
+                raise UserError(f"data.path: '{self.cfg.path}' has an empty split")
+            return Split(train, val)
+        return super().split()
+
+    def fingerprint(self) -> dict[str, Any]:
+        path = os.path.expanduser(self.cfg.path)
+        local = glob.glob(path) if glob.has_magic(path) else ([path] if os.path.exists(path) else [])
+        files = [Path(p) for p in local if os.path.isfile(p)]
+        if os.path.isdir(path):
+            files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+        return {"path": self.cfg.path, **(_files_fingerprint(files) if files else {})}

@@ -1,0 +1,236 @@
+"""corpus -> tokenizer -> token shards, cached by a key of the settings that made them.
+
+One entry of the cache is a directory ``<cache>/<data>-<tokenizer>-<key>/`` holding
+``train.bin``, ``val.bin``, ``tokenizer.json`` and ``meta.json``. It is built under a
+temporary name and renamed into place, so an entry that exists is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from llmlab import console
+from llmlab.data.corpus import CORPUS, Document
+from llmlab.data.shards import ShardWriter, read_shard, token_dtype
+from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
+
+FORMAT_VERSION = 1
+DEFAULT_CACHE = ".cache/llmlab"
+
+# Cutting a document at a newline between two non-space characters leaves byte-level BPE's
+# pre-tokenization unchanged, so pieces encode to exactly the ids of the whole; pieces keep
+# both encoder threads busy and the progress bar moving.
+_SAFE_CUT = re.compile(r"(?<=\S)\n(?=\S)")
+PIECE_CHARS = 8192
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    return Path(os.path.expanduser(cache_dir or os.environ.get("LLMLAB_CACHE") or DEFAULT_CACHE))
+
+
+def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
+    out, start = [], 0
+    while len(text) - start > size:
+        m = _SAFE_CUT.search(text, start + size)
+        if not m:
+            break
+        out.append(text[start:m.end()])
+        start = m.end()
+    out.append(text[start:])
+    return out
+
+
+@dataclass
+class Prepared:
+    """A complete cache entry."""
+
+    path: Path
+    meta: dict[str, Any]
+    built: bool = False  # True when this call made the entry, False when it came from the cache
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def tokens(self, split: str) -> np.ndarray:
+        return read_shard(self.path / f"{split}.bin", self.meta["dtype"])
+
+    def tokenizer(self) -> TextTokenizer:
+        return TextTokenizer.load(self.path / "tokenizer.json", self.meta.get("eos"))
+
+    def bytes_per_token(self, split: str) -> float:
+        s = self.meta[split]
+        return s["bytes"] / max(1, s["tokens"])
+
+
+def settings_key(data_cfg: Any, tok_cfg: Any, fingerprint: Mapping[str, Any], tok_fingerprint: Mapping[str, Any]) -> str:
+    blob = json.dumps({"version": FORMAT_VERSION, "data": asdict(data_cfg), "corpus": dict(fingerprint),
+                       "tokenizer": dict(tok_fingerprint)}, sort_keys=True, default=str)
+    return f"{data_cfg.kind}-{tok_cfg.kind}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description:<22}"), BarColumn(), DownloadColumn(),
+                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=console.err, transient=False)
+
+
+def _encode_split(docs: list[Document], tok: TextTokenizer, writer: ShardWriter, progress: Progress,
+                  label: str, batch_pieces: int = 256) -> None:
+    """Encode documents into ``writer``, each followed by the separator."""
+    total = sum(d.nbytes for d in docs)
+    task = progress.add_task(f"encode {label}", total=total, rate="")
+    t0 = time.perf_counter()
+    batch: list[str] = []
+    ends: list[bool] = []
+    done_bytes = 0
+
+    def flush():
+        for ids, end in zip(tok.encode_batch(batch), ends):
+            writer.write(ids)
+            if end and tok.eos_id is not None:
+                writer.write([tok.eos_id])
+        batch.clear()
+        ends.clear()
+
+    for doc in docs:
+        parts = pieces(doc.text)
+        batch.extend(parts)
+        ends.extend([False] * (len(parts) - 1) + [True])
+        done_bytes += doc.nbytes
+        if len(batch) >= batch_pieces:
+            flush()
+            rate = writer.count / max(1e-9, time.perf_counter() - t0)
+            progress.update(task, completed=done_bytes, rate=f"{rate / 1e6:.2f}M tok/s")
+    flush()
+    rate = writer.count / max(1e-9, time.perf_counter() - t0)
+    progress.update(task, completed=total, rate=f"{rate / 1e6:.2f}M tok/s")
+
+
+def prepare(data_section: Mapping[str, Any], tok_section: Mapping[str, Any], cache_dir: str | None = None,
+            quiet: bool = False) -> Prepared:
+    """Return the cache entry for these settings, building it if it does not exist yet."""
+    data_cfg = CORPUS.config(data_section, "data")
+    tok_cfg = TOKENIZER.config(tok_section, "tokenizer")
+    corpus = CORPUS.build(data_cfg)
+    factory = TOKENIZER.build(tok_cfg)
+    key = settings_key(data_cfg, tok_cfg, corpus.fingerprint(), factory.fingerprint())
+    root = cache_root(cache_dir)
+    final = root / key
+    if (final / "meta.json").is_file():
+        return Prepared(final, json.loads((final / "meta.json").read_text()))
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
+    try:
+        meta = _build(corpus, factory, data_cfg, tok_cfg, tmp, quiet)
+        meta["key"] = key
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        try:
+            os.rename(tmp, final)  # atomic: the entry appears complete or not at all
+        except OSError:
+            if not (final / "meta.json").is_file():  # not a concurrent twin: a real failure
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prepared = Prepared(final, json.loads((final / "meta.json").read_text()), built=True)
+    if not quiet:
+        print_summary(prepared)
+    return prepared
+
+
+def _build(corpus, factory, data_cfg, tok_cfg, out: Path, quiet: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    status = console.err.status("reading the corpus") if not quiet else _Null()
+    with status:
+        split = corpus.split()
+    t_read = time.perf_counter() - t0
+    train_bytes = sum(d.nbytes for d in split.train)
+
+    with _progress() if not quiet else _NullProgress() as progress:
+        t1 = time.perf_counter()
+        if factory.needs_training():
+            task = progress.add_task("train tokenizer", total=train_bytes, rate="")
+
+            def texts():
+                done = 0
+                for i in range(0, len(split.train), 32):
+                    chunk = split.train[i:i + 32]
+                    yield [d.text for d in chunk]
+                    done += sum(d.nbytes for d in chunk)
+                    rate = done / max(1e-9, time.perf_counter() - t1)
+                    progress.update(task, completed=done, rate=f"{rate / 1e6:.1f} MB/s")
+
+            tok = factory.make(texts, total=(len(split.train) + 31) // 32)
+            progress.update(task, completed=train_bytes, description="train tokenizer (done)")
+        else:
+            tok = factory.make()
+        t_tok = time.perf_counter() - t1
+
+        dtype = token_dtype(tok.vocab_size)
+        t2 = time.perf_counter()
+        counts = {}
+        for name, docs in (("train", split.train), ("val", split.val)):
+            with ShardWriter(out / f"{name}.bin", dtype) as writer:
+                _encode_split(docs, tok, writer, progress, name)
+            counts[name] = {"tokens": writer.count, "bytes": sum(d.nbytes for d in docs), "docs": len(docs)}
+        t_enc = time.perf_counter() - t2
+    tok.save(out / "tokenizer.json")
+    return {
+        "version": FORMAT_VERSION,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.name,
+        "eos": tok.eos,
+        "eos_id": tok.eos_id,
+        **counts,
+        "settings": {"data": asdict(data_cfg), "tokenizer": asdict(tok_cfg)},
+        "timings": {"read_s": round(t_read, 3), "tokenizer_s": round(t_tok, 3), "encode_s": round(t_enc, 3),
+                    "total_s": round(time.perf_counter() - t0, 3)},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def print_summary(prepared: Prepared, cached: bool = False) -> None:
+    m = prepared.meta
+    table = Table(title=f"prepared data{' (cached)' if cached else ''}: {prepared.path}", title_justify="left")
+    for col in ("split", "files", "bytes", "tokens", "bytes/token"):
+        table.add_column(col, justify="right" if col != "split" else "left")
+    for split in ("train", "val"):
+        s = m[split]
+        table.add_row(split, f"{s['docs']:,}", f"{s['bytes']:,}", f"{s['tokens']:,}",
+                      f"{s['bytes'] / max(1, s['tokens']):.2f}")
+    console.out.print(table)
+    t = m["timings"]
+    console.out.print(f"vocab {m['vocab_size']:,} ({m['dtype']}); read {t['read_s']:.1f}s, tokenizer "
+                      f"{t['tokenizer_s']:.1f}s, encode {t['encode_s']:.1f}s, total {t['total_s']:.1f}s")
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _NullProgress(_Null):
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        pass

@@ -1,0 +1,156 @@
+"""Tokenizers (config group ``tokenizer``), all Hugging Face `tokenizers` objects underneath,
+so every kind saves to and loads from one ``tokenizer.json``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from llmlab.errors import ConfigError, UserError
+from llmlab.registry import Registry
+
+TOKENIZER = Registry("tokenizer")
+EOS = "<|endoftext|>"
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """The reversible byte -> printable character map of byte-level BPE (GPT-2): printable
+    Latin-1 bytes stand for themselves, the rest are moved to code points from 256 up."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+class TextTokenizer:
+    """A `tokenizers.Tokenizer` plus the id of its document separator."""
+
+    def __init__(self, tok: Tokenizer, eos: str | None = EOS):
+        self.tok = tok
+        self.eos = eos
+        self.eos_id = tok.token_to_id(eos) if eos else None
+        if eos and self.eos_id is None:
+            raise UserError(f"tokenizer.eos: '{eos}' is not in the tokenizer's vocabulary")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def save(self, path: str | Path) -> None:
+        self.tok.save(str(path))
+
+    @classmethod
+    def load(cls, path: str | Path, eos: str | None = EOS) -> "TextTokenizer":
+        try:
+            return cls(Tokenizer.from_file(str(path)), eos)
+        except Exception as e:  # the Rust side raises plain Exceptions for bad files
+            raise UserError(f"cannot read tokenizer {path}: {str(e).splitlines()[0]}") from e
+
+
+class TokenizerFactory:
+    @dataclass
+    class Config:
+        kind: str = ""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(vars(self.cfg))
+
+    def needs_training(self) -> bool:
+        return False
+
+    def make(self, texts: Callable[[], Iterable[str]] | None = None, total: int | None = None) -> TextTokenizer:
+        raise NotImplementedError
+
+
+@TOKENIZER.register("bpe")
+class ByteLevelBPE(TokenizerFactory):
+    """Byte-level BPE (Radford et al. 2019, GPT-2, section 2.2) trained on the train split,
+    with GPT-2 pre-tokenization and ``<|endoftext|>`` as the one special token."""
+
+    @dataclass
+    class Config:
+        kind: str = "bpe"
+        vocab_size: int = 8192
+        min_frequency: int = 2
+
+        def check(self, prefix: str) -> None:
+            if not 257 <= self.vocab_size <= 2**32 - 1:
+                raise ConfigError(f"{prefix}.vocab_size: must be in [257, 2^32), got {self.vocab_size}")
+
+    def needs_training(self) -> bool:
+        return True
+
+    def make(self, texts=None, total=None) -> TextTokenizer:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=self.cfg.vocab_size, min_frequency=self.cfg.min_frequency, special_tokens=[EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts(), trainer=trainer, length=total)
+        return TextTokenizer(tok)
+
+
+@TOKENIZER.register("byte")
+class ByteTokenizer(TokenizerFactory):
+    """One id per byte (0-255) plus ``<|endoftext|>`` (256). Nothing to train."""
+
+    @dataclass
+    class Config:
+        kind: str = "byte"
+
+    def make(self, texts=None, total=None) -> TextTokenizer:
+        vocab = {ch: b for b, ch in byte_to_unicode().items()}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([EOS])
+        return TextTokenizer(tok)
+
+
+@TOKENIZER.register("pretrained")
+class PretrainedTokenizer(TokenizerFactory):
+    """A ``tokenizer.json`` from elsewhere (a Hugging Face model directory, another run)."""
+
+    @dataclass
+    class Config:
+        kind: str = "pretrained"
+        path: str = ""
+        eos: str | None = EOS
+
+    def _path(self) -> Path:
+        path = Path(os.path.expanduser(self.cfg.path))
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not self.cfg.path or not path.is_file():
+            raise UserError(f"tokenizer.path: no tokenizer.json at '{self.cfg.path}'")
+        return path
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": "pretrained", "eos": self.cfg.eos,
+                "sha256": hashlib.sha256(self._path().read_bytes()).hexdigest()[:16]}
+
+    def make(self, texts=None, total=None) -> TextTokenizer:
+        return TextTokenizer.load(self._path(), self.cfg.eos)

@@ -1,0 +1,131 @@
+"""Position schemes. Each offers two operations, a no-op where it does not apply:
+
+- ``embed(x, positions)``: add a position signal to the token embeddings (sinusoidal, learned);
+- ``rotary(positions)``: an object whose ``apply(t)`` rotates queries/keys (RoPE).
+
+So attention never asks which scheme is in use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from llmlab.errors import ConfigError, UserError
+from llmlab.registry import Registry
+
+POSITION = Registry("pos")
+
+
+class NoRotation:
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+class RotaryAngles:
+    """RoPE for a set of positions (Su et al. 2021, RoFormer, eq. 34).
+
+    Frequencies span one head's dimension (the last axis of the tensor rotated), and every
+    head uses the same ones. Rotation pairs dimension i with i + D/2 ("rotate half"), the
+    layout Llama checkpoints in `transformers` use.
+    """
+
+    def __init__(self, positions: torch.Tensor, theta: float):
+        self.positions = positions
+        self.theta = theta
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cos_sin(self, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if dim not in self._cache:
+            pos = self.positions.float()
+            inv_freq = self.theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+            angles = pos[:, None] * inv_freq[None, :]  # (T, D/2)
+            angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+            self._cache[dim] = (angles.cos(), angles.sin())
+        return self._cache[dim]
+
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        # t: (B, H, T, D); rotation is computed in fp32 and cast back
+        cos, sin = self.cos_sin(t.shape[-1])
+        tf = t.float()
+        half = t.shape[-1] // 2
+        rotated = torch.cat([-tf[..., half:], tf[..., :half]], dim=-1)
+        return (tf * cos + rotated * sin).to(t.dtype)
+
+
+class Position(nn.Module):
+    def __init__(self, cfg, d_model: int, max_seq_len: int):
+        super().__init__()
+        self.cfg = cfg
+        self.d_model = d_model
+        self.max_seq_len = max_seq_len
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotary(self, positions: torch.Tensor):
+        return NoRotation()
+
+
+@POSITION.register("none")
+class NoPosition(Position):
+    @dataclass
+    class Config:
+        kind: str = "none"
+
+
+@POSITION.register("rope")
+class RoPE(Position):
+    @dataclass
+    class Config:
+        kind: str = "rope"
+        theta: float = 10000.0
+
+        def check(self, prefix: str) -> None:
+            if self.theta <= 1:
+                raise ConfigError(f"{prefix}.theta: must be > 1, got {self.theta}")
+
+    def rotary(self, positions: torch.Tensor) -> RotaryAngles:
+        return RotaryAngles(positions, self.cfg.theta)
+
+
+def sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """Fixed encodings of Vaswani et al. 2017, section 3.5: sin on even dims, cos on odd."""
+    pos = positions.float()[:, None]  # (T, 1)
+    inv = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, device=pos.device).float() / d_model)
+    table = torch.zeros(positions.shape[0], d_model, device=pos.device)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv[: d_model // 2])
+    return table
+
+
+@POSITION.register("sinusoidal")
+class Sinusoidal(Position):
+    @dataclass
+    class Config:
+        kind: str = "sinusoidal"
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x + sinusoid_table(positions, self.d_model).to(x.dtype)
+
+
+@POSITION.register("learned")
+class Learned(Position):
+    @dataclass
+    class Config:
+        kind: str = "learned"
+
+    def __init__(self, cfg, d_model: int, max_seq_len: int):
+        super().__init__(cfg, d_model, max_seq_len)
+        self.table = nn.Embedding(max_seq_len, d_model)
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        last = int(positions[-1])
+        if last >= self.max_seq_len:
+            raise UserError(
+                f"pos=learned knows positions 0..{self.max_seq_len - 1} (model.max_seq_len); "
+                f"position {last} is past the end")
+        return x + self.table(positions)

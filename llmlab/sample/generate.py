@@ -1,0 +1,93 @@
+"""Autoregressive generation with a KV cache, and the sampling rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from llmlab.errors import ConfigError
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int | None = None
+    top_p: float = 1.0
+
+    def check(self, prefix: str = "") -> None:
+        p = f"{prefix}." if prefix else ""  # sample's keys are top-level: no prefix
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"{p}max_new_tokens: must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"{p}temperature: must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{p}top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"{p}top_k: must be >= 1 or null, got {self.top_k}")
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """Keep the ``top_k`` largest logits, then the smallest set whose probability reaches
+    ``top_p`` (nucleus sampling, Holtzman et al. 2020); the rest become -inf. logits: (B, V)."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # the first token always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``logits`` (B, V) -> (B,)."""
+    if cfg.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / cfg.temperature, cfg.top_k, cfg.top_p)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True,
+             on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    """Extend ``prompt`` (B, T) by up to ``cfg.max_new_tokens`` tokens; returns (B, T + n).
+
+    A row that produced ``eos_id`` keeps emitting it; generation stops when every row has.
+    With the cache, the prompt is run once and each step feeds one token. When the context
+    reaches ``model.max_seq_len``, the cache is refilled with the latest half window.
+    """
+    was_training = model.training
+    model.eval()
+    vocab = model.vocab_size
+    window = model.max_seq_len
+    out = prompt
+    done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    cache, feed = None, prompt[:, -window:]
+    for _ in range(cfg.max_new_tokens):
+        if use_cache:
+            if cache is None or cache.pos + feed.shape[1] > window:
+                feed = out[:, -(window // 2 if cache is not None else window):]
+                cache = model.new_cache(out.shape[0], window)
+            logits, _, _ = model(feed, cache=cache)
+        else:
+            logits, _, _ = model(out[:, -window:])
+        tok = next_token(logits[:, -1, :vocab], cfg, generator)
+        if eos_id is not None:
+            tok = torch.where(done, torch.full_like(tok, eos_id), tok)
+            done = done | (tok == eos_id)
+        out = torch.cat([out, tok[:, None]], dim=1)
+        feed = tok[:, None]
+        if on_token is not None:
+            on_token(tok)
+        if eos_id is not None and bool(done.all()):
+            break
+    model.train(was_training)
+    return out

@@ -1,0 +1,184 @@
+"""Checkpoints: one directory per save, written under a temporary name and renamed.
+
+    step_000500/
+      model.safetensors   weights (tied tensors stored once)
+      trainer.pt          optimizer and RNG states (tensors and plain data: weights_only)
+      state.json          step, tokens seen, data-sampler state
+      model.json          the ModelSpec that rebuilds the network
+      config.yaml         the resolved config of the run
+      tokenizer.json      the tokenizer, so sample/eval need nothing else
+
+Loading reads and checks everything before touching the model, and never unpickles code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from llmlab.errors import UserError
+
+REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared tensor once (safetensors refuses aliases)."""
+    out, seen = {}, set()
+    for name, t in model.state_dict().items():
+        key = (t.data_ptr(), t.shape, t.dtype) if t.numel() else (name,)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().cpu().contiguous()
+    return out
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, spec_dict: dict, config: Any,
+                    tokenizer_path: Path, state: dict, trainer_state: dict | None = None,
+                    keep: int | None = None) -> Path:
+    ckpt_root = Path(ckpt_root)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
+    try:
+        save_file(unique_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer.pt")
+        (tmp / "model.json").write_text(json.dumps(spec_dict, indent=2))
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+        conf = config if isinstance(config, dict) else OmegaConf.to_container(config, resolve=True)
+        (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(conf)))
+        shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+        for f in tmp.iterdir():  # durable before it becomes visible
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():  # a re-save of the same step replaces the old one
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep:
+        for old in list_checkpoints(ckpt_root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoint directories under ``ckpt_root``, oldest first."""
+    if not Path(ckpt_root).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in Path(ckpt_root).iterdir()
+             if p.is_dir() and (m := STEP_DIR.match(p.name)) and (p / "model.safetensors").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory, or a run directory (its latest checkpoint)."""
+    if path is None or str(path) in ("", "None", "???"):
+        raise UserError("ckpt: no checkpoint given; pass ckpt=<checkpoint dir or run dir>")
+    if str(path) == "latest":
+        return latest_run_checkpoint(Path("outputs"))
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise UserError(f"ckpt: {p} does not exist")
+    if (p / "model.safetensors").exists() or (p / "model.json").exists():
+        return p
+    for root in (p / "checkpoints", p):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1]
+    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
+
+
+def latest_run_checkpoint(outputs: Path) -> Path:
+    """``ckpt=latest``: the newest checkpoint of any run under ``outputs/`` (sweeps included)."""
+    found = [c for c in Path(outputs).glob("**/checkpoints/step_*") if (c / "model.safetensors").is_file()]
+    if not found:
+        raise UserError(f"ckpt=latest: no checkpoints under {Path(outputs).resolve()}; train first (llmlab train)")
+    return max(found, key=lambda c: (c / "model.safetensors").stat().st_mtime)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    spec: dict
+    state: dict
+    config: dict
+    weights: dict[str, torch.Tensor]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    def tokenizer(self):
+        from llmlab.data.tokenizer import EOS, TextTokenizer
+        return TextTokenizer.load(self.tokenizer_path, self.state.get("eos", EOS))
+
+    def trainer_state(self) -> dict | None:
+        f = self.path / "trainer.pt"
+        if not f.exists():
+            return None
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UserError(f"ckpt: {f} is unreadable ({type(e).__name__}); the checkpoint is damaged") from e
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    p = resolve_checkpoint(path)
+    missing = [f for f in REQUIRED if not (p / f).is_file()]
+    if missing:
+        raise UserError(f"ckpt: {p} is not a complete checkpoint; missing {', '.join(missing)}")
+    try:
+        weights = load_file(str(p / "model.safetensors"))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"ckpt: {p / 'model.safetensors'} is truncated or corrupt ({str(e).splitlines()[0]})") from e
+    try:
+        spec = json.loads((p / "model.json").read_text())
+        state = json.loads((p / "state.json").read_text())
+        config = OmegaConf.to_container(OmegaConf.load(p / "config.yaml"), resolve=False)
+    except Exception as e:
+        raise UserError(f"ckpt: {p} has an unreadable metadata file ({type(e).__name__}: {e})") from e
+    return Checkpoint(p, spec, state, config, weights)
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
+    """Copy ``weights`` into ``model`` only after every name and shape has been checked."""
+    expected = model.state_dict()
+    # a tied tensor is stored once, under one of its names
+    stored = {expected[k].data_ptr() for k in weights if k in expected}
+    missing = [k for k in expected if k not in weights and expected[k].data_ptr() not in stored]
+    unexpected = [k for k in weights if k not in expected]
+    wrong = [k for k in weights if k in expected and tuple(weights[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or wrong:
+        detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+                  else f"shape mismatch {wrong[:3]}")
+        raise UserError(f"ckpt: {where} does not match its model.json ({detail})")
+    model.load_state_dict(weights, strict=False)
+
+
+def build_model(ckpt: Checkpoint, device: torch.device):
+    """The network a checkpoint describes, with its weights, on ``device``, in eval mode."""
+    from llmlab.errors import ConfigError
+    from llmlab.model.transformer import ModelSpec, Transformer
+
+    try:
+        spec = ModelSpec.from_config(ckpt.spec, int(ckpt.spec["vocab_size"]))
+    except (ConfigError, KeyError) as e:
+        raise UserError(f"ckpt: {ckpt.path / 'model.json'} does not describe a model this llmlab can build ({e})") from e
+    model = Transformer(spec)
+    load_weights(model, ckpt.weights, ckpt.path)
+    return model.to(device).eval()

@@ -1,0 +1,69 @@
+"""Device and precision choice."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from llmlab.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks cuda > mps > cpu; a named device must exist."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: unknown device '{name}'; allowed: auto, cpu, cuda, cuda:N, mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but torch sees no CUDA GPU; use device=auto or device=cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device: mps was asked for but this torch has no MPS backend; use device=auto")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device: '{name}' is not supported; allowed: auto, cpu, cuda, cuda:N, mps")
+    return device
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """``auto``: bf16 autocast on CUDA GPUs that support it; fp32 elsewhere (bf16 matmul on a
+    CPU without AMX is many times slower than fp32)."""
+    if name not in PRECISIONS:
+        raise ConfigError(f"precision: unknown '{name}'; allowed: {', '.join(PRECISIONS)}")
+    if name != "auto":
+        return name
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {"mem_gb": torch.cuda.max_memory_allocated(device) / 2**30}
+    if device.type == "mps":
+        return {"mem_gb": torch.mps.current_allocated_memory() / 2**30}
+    try:
+        import resource
+        return {"rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    except (ImportError, AttributeError):
+        return {}

@@ -1,0 +1,143 @@
+"""Experiment loggers (config group ``logger``). A logger never stops a run: any error it
+raises is reported once and the logger switches itself off."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmlab import console
+from llmlab.registry import Registry
+
+LOGGER = Registry("logger")
+
+
+class Logger:
+    @dataclass
+    class Config:
+        kind: str = ""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def start(self, run_dir: Path, config: dict) -> None: ...
+
+    def log(self, metrics: dict[str, Any], step: int) -> None: ...
+
+    def log_samples(self, samples: list[tuple[str, str]], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@LOGGER.register("none")
+class NoLogger(Logger):
+    @dataclass
+    class Config:
+        kind: str = "none"
+
+
+@LOGGER.register("wandb")
+class WandbLogger(Logger):
+    """Weights & Biases. ``mode: auto`` is online when an API key is set and the service
+    answers, offline otherwise; offline runs live in the run directory (``wandb sync``)."""
+
+    @dataclass
+    class Config:
+        kind: str = "wandb"
+        project: str = "llmlab"
+        entity: str | None = None
+        name: str | None = None
+        group: str | None = None
+        tags: list[str] = field(default_factory=list)
+        mode: str = "auto"  # auto | online | offline | disabled
+        init_timeout: float = 30.0
+
+        def check(self, prefix: str) -> None:
+            from llmlab.errors import ConfigError
+            if self.mode not in ("auto", "online", "offline", "disabled"):
+                raise ConfigError(f"{prefix}.mode: unknown '{self.mode}'; allowed: auto, online, offline, disabled")
+
+    def start(self, run_dir: Path, config: dict) -> None:
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        mode = self.cfg.mode
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, name=self.cfg.name or Path(run_dir).name,
+                      group=self.cfg.group, tags=list(self.cfg.tags) or None, config=config, dir=str(run_dir))
+        try:
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=self.cfg.init_timeout), **kwargs)
+        except Exception as e:  # no network, bad key: keep the curves locally
+            if mode != "online":
+                raise
+            console.err.print(f"wandb: online start failed ({type(e).__name__}); logging offline", style="yellow")
+            mode = "offline"
+            self.run = wandb.init(mode=mode, **kwargs)
+        self.mode = mode
+        self.run.define_metric("val/*", step_metric="train/step")
+        where = getattr(self.run, "dir", run_dir)
+        if mode == "offline":
+            console.err.print(f"wandb: offline run; upload later with `wandb sync {Path(where).parent}`")
+        elif mode == "online":
+            console.err.print(f"wandb: {self.run.url}")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log({**metrics, "train/step": step}, step=step)
+
+    def log_samples(self, samples: list[tuple[str, str]], step: int) -> None:
+        import wandb
+        table = wandb.Table(columns=["step", "prompt", "completion"], data=[[step, p, c] for p, c in samples])
+        self.run.log({"samples": table}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class SafeLogger:
+    """Wraps a logger so a failure in it is reported once and then ignored."""
+
+    def __init__(self, inner: Logger):
+        self.inner = inner
+        self.dead = False
+
+    def _call(self, what: str, *args) -> None:
+        if self.dead:
+            return
+        try:
+            getattr(self.inner, what)(*args)
+        except Exception as e:  # logging must never end a run
+            self.dead = True
+            console.err.print(f"logger {self.inner.cfg.kind}: {what} failed ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); logging to it is off for this run",
+                              style="yellow")
+
+    def start(self, run_dir, config):
+        self._call("start", run_dir, config)
+
+    def log(self, metrics, step):
+        self._call("log", metrics, step)
+
+    def log_samples(self, samples, step):
+        self._call("log_samples", samples, step)
+
+    def finish(self):
+        self._call("finish")
+
+
+class JsonlWriter:
+    """Every metric record, one JSON object a line, flushed as written."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.file = open(self.path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,221 @@
+"""The training loop: data -> model -> loss -> AdamW + schedule -> metrics, evals, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
+
+from llmlab import console
+from llmlab.data.batches import RandomWindows, check_length
+from llmlab.data.prepare import prepare
+from llmlab.eval.loss import bits_per_byte, evaluate_loss
+from llmlab.model.transformer import ModelSpec, Transformer
+from llmlab.sample.generate import SamplingConfig, generate
+from llmlab.train.checkpoint import save_checkpoint
+from llmlab.train.device import autocast, memory_stats, resolve_device, resolve_precision, synchronize
+from llmlab.train.loggers import LOGGER, JsonlWriter, SafeLogger
+from llmlab.train.mfu import device_peak_flops
+from llmlab.train.optim import build_optimizer
+from llmlab.train.schedule import SCHEDULE
+from llmlab.train.settings import check_train_config
+
+
+def model_card(model: Transformer, seq_len: int, precision: str) -> dict[str, Any]:
+    counts = model.param_counts()
+    cache_bytes = 2 if precision == "bf16" else 4
+    return {"params": counts["total"], "params_embedding": counts["embedding"],
+            "params_non_embedding": counts["non_embedding"], "flops_per_token": model.flops_per_token(seq_len),
+            "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(cache_bytes),
+            "kv_cache_dtype": "bf16" if precision == "bf16" else "fp32"}
+
+
+def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
+    m = spec.model
+    parts = (f"{spec.attention.kind} attention, {spec.norm.placement}-norm {spec.norm.kind}, {spec.pos.kind} positions, "
+             f"{m.ffn} FFN, {'tied' if m.tie_embeddings else 'untied'} head")
+    console.out.print(f"model {m.name}: d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads, "
+                      f"context {m.max_seq_len}, vocab {spec.vocab_size:,}; {parts}")
+    console.out.print(f"  params {card['params'] / 1e6:.2f}M (embedding {card['params_embedding'] / 1e6:.2f}M, "
+                      f"non-embedding {card['params_non_embedding'] / 1e6:.2f}M); "
+                      f"{card['flops_per_token'] / 1e6:.1f} MFLOPs/token (train); "
+                      f"KV cache {card['kv_cache_bytes_per_token']:,} B/token ({card['kv_cache_dtype']})")
+
+
+def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
+    """Train as ``cfg`` (a resolved plain dict of the whole ``train`` config) says; write
+    metrics, checkpoints and ``summary.json`` into ``run_dir``; return the summary."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job = check_train_config(cfg)
+    loop = job.loop
+    device = resolve_device(job.device)
+    precision = resolve_precision(job.precision, device)
+    rank = int(os.environ.get("RANK", 0))
+    torch.manual_seed(job.seed)
+
+    prepared = prepare(cfg["data"], cfg["tokenizer"], job.cache_dir)
+    spec = ModelSpec.from_config(cfg, prepared.vocab_size)
+    block = spec.model.max_seq_len
+    train_tokens, val_tokens = prepared.tokens("train"), prepared.tokens("val")
+    check_length(val_tokens, block, "val")
+    sampler = RandomWindows(train_tokens, block, loop.batch_size, job.seed, rank)
+
+    model = Transformer(spec).to(device)
+    card = model_card(model, block, precision)
+    print_model_card(spec, card)
+    step_model = torch.compile(model) if loop.compile else model
+    optimizer = build_optimizer(job.optim, model, device)
+    schedule = SCHEDULE.build(job.sched, loop.steps)
+    amp = autocast(device, precision)
+    peak, peak_source = device_peak_flops(device, precision)
+    tokens_per_step = loop.batch_size * loop.grad_accum * block
+    console.out.print(f"device {device} ({precision}); {tokens_per_step:,} tokens/step, {loop.steps} steps "
+                      f"= {tokens_per_step * loop.steps / 1e6:.2f}M tokens; MFU peak {peak / 1e12:.2f} TFLOP/s "
+                      f"({peak_source})")
+
+    tokenizer = prepared.tokenizer()
+    bytes_per_token_val = prepared.bytes_per_token("val")
+    (run_dir / "config.yaml").write_text(_yaml(cfg))
+    metrics_file = JsonlWriter(run_dir / "metrics.jsonl")
+    logger = SafeLogger(LOGGER.build(job.logger))
+    logger.start(run_dir, {**cfg, "model_card": card})
+
+    def save(step: int, state: dict) -> Path:
+        return save_checkpoint(
+            run_dir / "checkpoints", step, model, spec.to_dict(), cfg, prepared.path / "tokenizer.json",
+            state={**state, "data_rng": sampler.state(), "data_key": prepared.meta["key"],
+                   "eos": prepared.meta["eos"], "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
+            trainer_state={"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+            keep=loop.keep_checkpoints)
+
+    def run_eval(step: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
+        res = evaluate_loss(model, val_tokens, block, loop.batch_size, device, amp, loop.eval_windows or None)
+        bpb = bits_per_byte(res["loss"], 1, bytes_per_token_val)
+        out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/bpb": bpb}
+        samples = complete_prompts(model, tokenizer, loop.prompts, loop.sample_tokens, device, job.seed)
+        return out, samples
+
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out)
+    history: list[dict[str, float]] = []
+    tok_rates: list[float] = []
+    t_start = time.perf_counter()
+    tokens_seen = 0
+    last_val: dict[str, float] = {}
+    ckpt_path = None
+    model.train()
+    with progress:
+        task = progress.add_task("train", total=loop.steps, status="")
+        t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+        for step in range(loop.steps):
+            lr = job.optim.lr * schedule(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            for _ in range(loop.grad_accum):
+                x, y = sampler.next()
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with amp:
+                    _, loss, _ = step_model(x, y)
+                (loss / loop.grad_accum).backward()
+                loss_acc += loss.detach()
+                n_acc += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), loop.grad_clip or float("inf"))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens_seen += tokens_per_step
+            done = step + 1
+
+            if done % loop.log_every == 0 or done == loop.steps:
+                synchronize(device)
+                dt = time.perf_counter() - t_window
+                steps_in_window = n_acc // loop.grad_accum
+                tok_s = steps_in_window * tokens_per_step / dt
+                if step >= loop.log_every:  # the first window includes warm-up and compilation
+                    tok_rates.append(tok_s)
+                record = {"step": done, "train/loss": float(loss_acc) / n_acc, "train/lr": lr,
+                          "train/grad_norm": float(grad_norm), "train/tokens": tokens_seen,
+                          "perf/tokens_per_s": tok_s, "perf/mfu": card["flops_per_token"] * tok_s / peak,
+                          **{f"perf/{k}": v for k, v in memory_stats(device).items()}}
+                if not math.isfinite(record["train/loss"]):
+                    console.out.print(f"step {done}: loss is {record['train/loss']}; stopping", style="red")
+                    history.append(record)
+                    break
+                history.append(record)
+                metrics_file.write(record)
+                logger.log({k: v for k, v in record.items() if k != "step"}, done)
+                status = (f"loss {record['train/loss']:.3f}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
+                          f"{tok_s:,.0f} tok/s  MFU {record['perf/mfu']:.1%}")
+                progress.update(task, status=status)
+                if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar
+                    progress.console.print(f"step {done:>6}/{loop.steps}  {status}")
+                t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+
+            is_last = done == loop.steps
+            if (loop.eval_every and done % loop.eval_every == 0) or is_last:
+                t_eval = time.perf_counter()
+                last_val, samples = run_eval(done)
+                record = {"step": done, **last_val, "train/tokens": tokens_seen}
+                metrics_file.write(record)
+                logger.log(last_val, done)
+                logger.log_samples(samples, done)
+                progress.console.print(f"step {done:>6}  val loss {last_val['val/loss']:.4f}  "
+                                       f"ppl {last_val['val/ppl']:.2f}  bpb {last_val['val/bpb']:.4f}")
+                for prompt, text in samples:
+                    progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
+                t_window += time.perf_counter() - t_eval  # eval time is not training throughput
+            if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last:
+                t_ckpt = time.perf_counter()
+                ckpt_path = save(done, {"tokens_seen": tokens_seen, "val": last_val})
+                t_window += time.perf_counter() - t_ckpt
+            progress.update(task, completed=done)
+
+    elapsed = time.perf_counter() - t_start
+    train_losses = [h["train/loss"] for h in history if "train/loss" in h]
+    summary = {
+        "run_dir": str(run_dir), "steps": done, "tokens": tokens_seen, "elapsed_s": round(elapsed, 2),
+        "train_loss": train_losses[-1] if train_losses else None,
+        "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"), "val_ppl": last_val.get("val/ppl"),
+        "tokens_per_s": statistics.median(tok_rates) if tok_rates else (history[-1]["perf/tokens_per_s"] if history else None),
+        "device": str(device), "precision": precision, "checkpoint": str(ckpt_path) if ckpt_path else None,
+        "data": str(prepared.path), **card,
+    }
+    summary["mfu"] = card["flops_per_token"] * (summary["tokens_per_s"] or 0) / peak
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    metrics_file.close()
+    logger.log({"summary/val_bpb": summary["val_bpb"] or float("nan")}, done)
+    logger.finish()
+    console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss "
+                      f"{summary['val_loss']:.4f} ({summary['val_bpb']:.3f} bits/byte); "
+                      f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
+    console.out.print(f"checkpoint: {ckpt_path}")
+    return summary
+
+
+def complete_prompts(model: Transformer, tokenizer, prompts: list[str], n_tokens: int, device: torch.device,
+                     seed: int) -> list[tuple[str, str]]:
+    """Sample a short completion of each prompt, with a generator of its own so the training
+    random stream is untouched."""
+    if not prompts or not n_tokens:
+        return []
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cfg = SamplingConfig(max_new_tokens=n_tokens, temperature=0.8, top_k=50)
+    out = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt) or [tokenizer.eos_id or 0]
+        x = torch.tensor([ids], device=device)
+        y = generate(model, x, cfg, eos_id=tokenizer.eos_id, generator=gen)
+        out.append((prompt, tokenizer.decode(y[0, len(ids):].tolist())))
+    return out
+
+
+def _yaml(cfg: Mapping[str, Any]) -> str:
+    from omegaconf import OmegaConf
+    return OmegaConf.to_yaml(OmegaConf.create(dict(cfg)))

@@ -1,0 +1,97 @@
+"""The typed ``train`` config: every section checked before any work starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from llmlab.data.corpus import CORPUS
+from llmlab.data.tokenizer import TOKENIZER
+from llmlab.errors import ConfigError
+from llmlab.model.transformer import ModelSpec, Transformer
+from llmlab.registry import parse_dataclass
+from llmlab.train.device import PRECISIONS
+from llmlab.train.loggers import LOGGER
+from llmlab.train.optim import OPTIMIZER
+from llmlab.train.schedule import SCHEDULE
+
+
+@dataclass
+class LoopConfig:
+    """The ``train`` section."""
+
+    steps: int = 600
+    batch_size: int = 16
+    grad_accum: int = 1
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    log_every: int = 10
+    eval_every: int = 200  # 0 = only at the end
+    eval_windows: int = 64  # val windows per periodic eval; `llmlab eval` scores the whole split
+    ckpt_every: int = 200  # 0 = only at the end
+    keep_checkpoints: int = 2
+    compile: bool = False
+    prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
+    sample_tokens: int = 48
+
+    def check(self, prefix: str) -> None:
+        for key in ("steps", "batch_size", "grad_accum", "log_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
+        for key in ("eval_every", "ckpt_every", "eval_windows", "keep_checkpoints", "sample_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{prefix}.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"{prefix}.grad_clip: must be >= 0, got {self.grad_clip}")
+
+
+TOP_LEVEL = {"seed", "device", "precision", "cache_dir", "data", "tokenizer", "model", "attention", "norm", "pos",
+             "optim", "sched", "logger", "train"}
+
+
+@dataclass
+class TrainJob:
+    seed: int
+    device: str
+    precision: str
+    cache_dir: str | None
+    data: Any
+    tokenizer: Any
+    spec: ModelSpec
+    optim: Any
+    sched: Any
+    logger: Any
+    loop: LoopConfig
+
+
+def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
+    """Check every section of a composed ``train`` config; the first problem is a ConfigError
+    that names its key. Also builds the model on the meta device, so size constraints between
+    parts (heads and kv_heads, say) fail here rather than after data preparation."""
+    for key in cfg:
+        if key not in TOP_LEVEL and key != "hydra":
+            raise ConfigError(f"{key}: unknown key; allowed: {', '.join(sorted(TOP_LEVEL))}")
+    precision = str(cfg.get("precision", "auto"))
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision: unknown '{precision}'; allowed: {', '.join(PRECISIONS)}")
+    seed = cfg.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ConfigError(f"seed: expected an integer, got {seed!r}")
+    job = TrainJob(
+        seed=seed,
+        device=str(cfg.get("device", "auto")),
+        precision=precision,
+        cache_dir=cfg.get("cache_dir"),
+        data=CORPUS.config(cfg.get("data"), "data"),
+        tokenizer=TOKENIZER.config(cfg.get("tokenizer"), "tokenizer"),
+        spec=ModelSpec.from_config(cfg, vocab_size=getattr(TOKENIZER.config(cfg.get("tokenizer"), "tokenizer"),
+                                                            "vocab_size", 257)),
+        optim=OPTIMIZER.config(cfg.get("optim"), "optim"),
+        sched=SCHEDULE.config(cfg.get("sched"), "sched"),
+        logger=LOGGER.config(cfg.get("logger"), "logger"),
+        loop=parse_dataclass(LoopConfig, cfg.get("train"), "train"),
+    )
+    with torch.device("meta"):
+        Transformer(job.spec)
+    return job

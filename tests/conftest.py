@@ -1,0 +1,55 @@
+"""Shared fixtures: small corpora written on the fly, tiny models, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmlab.model.transformer import ModelSpec, Transformer
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A small corpus with code, prose, Unicode and emoji; enough for a few blocks of tokens.
+SAMPLE_TEXTS = {
+    "alpha.py": "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n"
+                "        self.x = x\n        self.y = y\n" * 6,
+    "beta.txt": "The quick brown fox jumps over the lazy dog. Ünïcödé ßtraße — naïve café 😀🚀\n" * 12,
+    "gamma.md": "# Notes\n\n- item one\n- item two: `x = [i * i for i in range(10)]`\n\n" * 10,
+    "delta.py": "import os\nimport sys\n\nfor k, v in sorted(os.environ.items()):\n    print(k, v)\n" * 8,
+}
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name, text in SAMPLE_TEXTS.items():
+        (d / name).write_text(text, encoding="utf-8")
+    return d
+
+
+def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict | None = None,
+              vocab_size: int = 97, **model) -> ModelSpec:
+    model_cfg = {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, **model}
+    return ModelSpec.from_config({"model": model_cfg, "attention": attention or {"kind": "mha"},
+                                  "norm": norm or {"placement": "pre", "kind": "rmsnorm"},
+                                  "pos": pos or {"kind": "rope"}}, vocab_size)
+
+
+def tiny_model(seed: int = 0, **kwargs) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(tiny_spec(**kwargs)).eval()
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m llmlab <args>`` in ``cwd``, as a user runs it."""
+    full_env = {**os.environ, "LLMLAB_CACHE": str(cwd / ".cache"), "WANDB_MODE": "disabled",
+                "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("WANDB_API_KEY", None)
+    return subprocess.run([sys.executable, "-m", "llmlab", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)

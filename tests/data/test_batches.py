@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+
+from llmlab.data.batches import RandomWindows, fixed_windows, num_fixed_windows
+from llmlab.errors import UserError
+
+
+def test_random_windows_shapes_and_shift():
+    tokens = np.arange(1000, dtype=np.uint16)
+    s = RandomWindows(tokens, block=16, batch=4, seed=0)
+    x, y = s.next()
+    assert x.shape == y.shape == (4, 16)
+    assert (y[:, :-1] == x[:, 1:]).all()
+    assert (y == x + 1).all()  # consecutive tokens: the target is the next one
+
+
+def test_random_windows_resume_continues_the_stream():
+    tokens = np.arange(1000, dtype=np.uint16)
+    a = RandomWindows(tokens, 8, 2, seed=3)
+    a.next()
+    state = a.state()
+    expected = a.next()[0]
+    b = RandomWindows(tokens, 8, 2, seed=3)
+    b.load_state(state)
+    assert (b.next()[0] == expected).all()
+    assert not (RandomWindows(tokens, 8, 2, seed=3, rank=1).next()[0] == RandomWindows(tokens, 8, 2, seed=3).next()[0]).all()
+
+
+def test_fixed_windows_score_every_token_once():
+    tokens = np.arange(103, dtype=np.uint16)
+    batches = list(fixed_windows(tokens, block=10, batch=3))
+    ys = np.concatenate([y.numpy().ravel() for _, y in batches])
+    assert num_fixed_windows(tokens, 10) == 10
+    assert ys.tolist() == list(range(1, 101))
+    assert [x.shape[0] for x, _ in batches] == [3, 3, 3, 1]
+
+
+def test_corpus_smaller_than_one_block_is_a_user_error():
+    with pytest.raises(UserError, match="fewer than one block"):
+        RandomWindows(np.arange(10, dtype=np.uint16), block=16, batch=2, seed=0)

@@ -1,0 +1,182 @@
+"""The command line as a user meets it, through subprocesses: usage, bad input, and one
+whole tokenize -> train -> sample -> eval run on a small corpus."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
+        "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
+        "train.prompts=[x]"]
+
+
+def one_line_error(result, code: int, *fragments: str) -> str:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    err = result.stderr.strip()
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, err  # progress bars may come before it; one error line, the last
+    assert errors[0].startswith("llmlab: error: ") and err.splitlines()[-1] == errors[0]
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    return errors[0]
+
+
+def test_no_command_lists_the_commands(tmp_path):
+    r = run_cli(cwd=tmp_path)
+    assert r.returncode == 0
+    for name in ("tokenize", "train", "eval", "sample"):
+        assert f"  {name} " in r.stdout
+    assert run_cli("--help", cwd=tmp_path).stdout == r.stdout
+
+
+def test_unknown_command_prints_usage_and_exits_2(tmp_path):
+    r = run_cli("trian", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "unknown command 'trian'" in r.stderr and "usage: llmlab" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_command_help_is_hydras(tmp_path):
+    r = run_cli("train", "--help", cwd=tmp_path)
+    assert r.returncode == 0
+    assert "llmlab train" in r.stdout and "model/attention: gqa, mha, mqa" in r.stdout
+
+
+def test_cfg_job_shows_the_composed_config(tmp_path):
+    r = run_cli("train", "model=gqa", "attention.kv_heads=2", "--cfg", "job", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "kind: gqa" in r.stdout and "kv_heads: 2" in r.stdout and "name: gqa" in r.stdout
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["train", "attention.kv_head=2"], ["attention.kv_head: unknown key"]),
+    (["train", "model=gqa", "attention.kv_head=2"], ["attention.kv_head: unknown key", "kind, kv_heads"]),
+    (["train", "model/attention=perceiver"], ["model/attention=perceiver: unknown option", "gqa, mha, mqa"]),
+    (["train", "model=gqa", "attention.kv_heads=3"], ["attention.kv_heads: 3 does not divide model.n_heads=4"]),
+    (["train", "norm.kind=batchnorm"], ["norm.kind: unknown norm.kind 'batchnorm'", "layernorm, rmsnorm"]),
+    (["train", "-m", "optim.lr=1e-3,-2"], ["optim.lr: must be > 0"]),
+    (["sample", "max_new_tokens=-1"], ["max_new_tokens: must be >= 0"]),
+    (["sample", "temperature=-0.5"], ["temperature: must be >= 0"]),
+    (["sample", "top_p=0"], ["top_p: must be in (0, 1]"]),
+    (["sample", "top_p=1.5"], ["top_p: must be in (0, 1]"]),
+])
+def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
+    one_line_error(run_cli(*args, cwd=tmp_path), 2, *fragments)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_missing_checkpoint(tmp_path):
+    one_line_error(run_cli("sample", f"ckpt={tmp_path / 'nope'}", cwd=tmp_path), 1, "does not exist")
+
+
+def test_directory_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "empty").mkdir()
+    one_line_error(run_cli("eval", f"ckpt={tmp_path / 'empty'}", cwd=tmp_path), 1, "is neither a checkpoint")
+
+
+def test_empty_corpus(tmp_path):
+    r = run_cli("tokenize", "data=text", f"data.paths=[{tmp_path}/missing/*.txt]", cwd=tmp_path)
+    one_line_error(r, 1, "data.paths: no files matched")
+
+
+def test_corpus_smaller_than_one_block(tmp_path):
+    (tmp_path / "small.txt").write_text("just a few bytes\n" * 2)
+    r = run_cli("train", "data=text", f"data.paths={tmp_path}/small.txt", *TINY, cwd=tmp_path)
+    one_line_error(r, 1, "fewer than one block")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """tokenize, then train a tiny model for a few steps, as a user would."""
+    from tests.conftest import SAMPLE_TEXTS
+    root = tmp_path_factory.mktemp("e2e")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for name, text in SAMPLE_TEXTS.items():
+        (corpus / name).write_text(text * 3)
+    data = ["data=text", f"data.paths=[{corpus}/*]"]
+    tok = run_cli("tokenize", *data, "tokenizer=byte", cwd=root)
+    assert tok.returncode == 0, tok.stderr
+    assert "bytes/token" in tok.stdout
+    train = run_cli("train", *data, *TINY, "train.steps=6", "train.eval_every=3", "train.ckpt_every=3",
+                    "hydra.run.dir=outputs/run", cwd=root)
+    assert train.returncode == 0, train.stderr
+    return root, train
+
+
+def test_train_writes_a_run_directory(trained):
+    root, result = trained
+    run = root / "outputs" / "run"
+    assert "params" in result.stdout and "KV cache" in result.stdout  # the model card
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["val_bpb"] > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert all(k in records[0] for k in ("train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu"))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
+    assert "data:" in (run / "config.yaml").read_text()
+
+
+def test_sample_streams_text_from_a_run_dir(trained):
+    root, _ = trained
+    r = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def fib(")
+    assert "tokens/s" in r.stderr and "time to first token" in r.stderr
+    again = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", cwd=root)
+    assert again.stdout == r.stdout  # greedy is deterministic
+
+
+def test_sample_several(trained):
+    root, _ = trained
+    r = run_cli("sample", "ckpt=outputs/run/checkpoints/step_000003", "prompt=x", "num_samples=2",
+                "max_new_tokens=5", "seed=1", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("--- sample ") == 2
+
+
+def test_eval_reports_loss_ppl_and_bpb(trained):
+    root, _ = trained
+    r = run_cli("eval", "ckpt=outputs/run", "hydra.run.dir=outputs/ev", cwd=root)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((root / "outputs" / "ev" / "eval.json").read_text())
+    import math
+    assert res["ppl"] == pytest.approx(math.exp(res["loss"]), rel=1e-6)
+    # byte tokenizer: one token per byte (plus separators), so bpb is close to loss / ln 2
+    assert res["bpb"] == pytest.approx(res["loss"] / math.log(2), rel=0.05)
+    assert "bits/byte" in r.stdout
+
+
+def test_eval_a_text_file(trained):
+    root, _ = trained
+    (root / "other.txt").write_text("some other text to score\n" * 20)
+    r = run_cli("eval", "ckpt=outputs/run", "text=other.txt", "hydra.run.dir=outputs/ev2", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((root / "outputs" / "ev2" / "eval.json").read_text())["source"] == "other.txt"
+
+
+def test_corrupt_weights_are_refused(trained):
+    root, _ = trained
+    import shutil
+    src = root / "outputs" / "run" / "checkpoints" / "step_000006"
+    bad = root / "bad_ckpt"
+    shutil.copytree(src, bad)
+    (bad / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:100])
+    one_line_error(run_cli("sample", f"ckpt={bad}", cwd=root), 1, "truncated or corrupt")
+
+
+def test_multirun_sweep(trained):
+    root, _ = trained
+    r = run_cli("train", "-m", "optim.lr=1e-3,3e-3", "data=text", f"data.paths=[{root}/corpus/*]", *TINY,
+                "train.steps=2", "hydra.sweep.dir=outputs/sweep", cwd=root)
+    assert r.returncode == 0, r.stderr
+    runs = sorted(p.name for p in (root / "outputs" / "sweep").iterdir() if p.is_dir())
+    assert runs == ["0", "1"]
+    for d, lr in zip(runs, ("0.001", "0.003")):
+        assert f"optim.lr={lr}" in (root / "outputs" / "sweep" / d / ".hydra" / "overrides.yaml").read_text()
+        assert json.loads((root / "outputs" / "sweep" / d / "summary.json").read_text())["steps"] == 2
+    assert "[/" not in r.stderr  # user paths with brackets print as text

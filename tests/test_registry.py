@@ -1,0 +1,63 @@
+from dataclasses import dataclass, field
+
+import pytest
+
+from llmlab.errors import ConfigError
+from llmlab.registry import Registry, parse_dataclass
+
+
+@dataclass
+class Example:
+    kind: str = "x"
+    n: int = 1
+    rate: float = 0.5
+    flag: bool = False
+    name: str | None = None
+    items: list[str] = field(default_factory=list)
+
+
+def test_parse_checks_types_and_coerces_ints_to_floats():
+    cfg = parse_dataclass(Example, {"n": 3, "rate": 2, "flag": True, "items": ["a"]}, "ex")
+    assert (cfg.n, cfg.rate, cfg.flag, cfg.items) == (3, 2.0, True, ["a"])
+    assert isinstance(cfg.rate, float)
+
+
+@pytest.mark.parametrize("data, key", [({"n": "three"}, "ex.n"), ({"rate": "fast"}, "ex.rate"),
+                                       ({"flag": 1}, "ex.flag"), ({"items": "a"}, "ex.items")])
+def test_parse_names_the_key_with_a_bad_type(data, key):
+    with pytest.raises(ConfigError, match=rf"^{key}: expected"):
+        parse_dataclass(Example, data, "ex")
+
+
+def test_misspelt_key_lists_the_allowed_keys():
+    with pytest.raises(ConfigError) as e:
+        parse_dataclass(Example, {"nn": 2}, "ex")
+    msg = str(e.value)
+    assert msg.startswith("ex.nn: unknown key")
+    assert "flag, items, kind, n, name, rate" in msg
+    assert "\n" not in msg
+
+
+def test_registry_unknown_kind_lists_the_variants():
+    reg = Registry("thing")
+
+    @reg.register("a")
+    class A:
+        @dataclass
+        class Config:
+            kind: str = "a"
+
+    @reg.register("b")
+    class B:
+        @dataclass
+        class Config:
+            kind: str = "b"
+            size: int = 2
+
+    assert reg.config({"kind": "b", "size": 5}, "thing").size == 5
+    with pytest.raises(ConfigError, match=r"^thing.kind: unknown thing 'c'; allowed: a, b$"):
+        reg.config({"kind": "c"}, "thing")
+    with pytest.raises(ConfigError, match=r"^thing.size: unknown key"):
+        reg.config({"kind": "a", "size": 1}, "thing")
+    with pytest.raises(ValueError):
+        reg.register("a")(A)

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from llmlab.errors import UserError
+from llmlab.train.checkpoint import build_model, list_checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint
+from tests.conftest import tiny_model
+
+
+@pytest.fixture
+def saved(tmp_path):
+    from llmlab.data.tokenizer import TOKENIZER
+    tok = TOKENIZER.build(TOKENIZER.config({"kind": "byte"}, "tokenizer")).make()
+    tok.save(tmp_path / "tok.json")
+    model = tiny_model(seed=1)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 97, (1, 8)), torch.randint(0, 97, (1, 8)))[1].backward()
+    opt.step()
+    run = tmp_path / "run"
+    paths = [save_checkpoint(run / "checkpoints", step, model, model.spec.to_dict(), {"seed": 1}, tmp_path / "tok.json",
+                             state={"tokens_seen": step * 10}, trainer_state={"optimizer": opt.state_dict()}, keep=2)
+             for step in (10, 20, 30)]
+    return model, run, paths
+
+
+def test_round_trip_gives_the_same_model(saved):
+    model, _, paths = saved
+    ckpt = load_checkpoint(paths[-1])
+    again = build_model(ckpt, torch.device("cpu"))
+    x = torch.randint(0, 97, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(model(x)[0], again(x)[0])
+    assert again.lm_head.weight is again.embed.weight  # tying survives
+    assert ckpt.state == {"step": 30, "tokens_seen": 300}
+    opt_state = ckpt.trainer_state()["optimizer"]
+    assert opt_state["state"] and all(isinstance(v["exp_avg"], torch.Tensor) for v in opt_state["state"].values())
+
+
+def test_keeps_the_last_n_and_leaves_no_temporaries(saved):
+    _, run, _ = saved
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000020", "step_000030"]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_run_dir_resolves_to_the_latest(saved):
+    _, run, paths = saved
+    assert resolve_checkpoint(run) == paths[-1]
+    assert resolve_checkpoint(run / "checkpoints") == paths[-1]
+
+
+def test_missing_path_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match=r"^ckpt: .* does not exist$"):
+        load_checkpoint(tmp_path / "nope")
+
+
+def test_a_directory_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    with pytest.raises(UserError, match="is neither a checkpoint"):
+        load_checkpoint(tmp_path / "stuff")
+
+
+def test_truncated_weights_are_refused_and_the_model_untouched(saved):
+    _, _, paths = saved
+    f = paths[-1] / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        load_checkpoint(paths[-1])
+    f.write_bytes(b"\x00" * 64)
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        load_checkpoint(paths[-1])
+
+
+def test_incomplete_checkpoint_names_the_missing_file(saved):
+    _, _, paths = saved
+    (paths[-1] / "model.json").unlink()
+    with pytest.raises(UserError, match="missing model.json"):
+        load_checkpoint(paths[-1])
+
+
+def test_mismatched_weights_leave_the_model_unchanged(saved):
+    from llmlab.train.checkpoint import load_weights
+    _, _, paths = saved
+    ckpt = load_checkpoint(paths[-1])
+    other = tiny_model(seed=5, d_model=64)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(UserError, match="does not match"):
+        load_weights(other, ckpt.weights, ckpt.path)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+def test_trainer_state_is_loaded_without_unpickling_code(saved, tmp_path):
+    import pickle
+    _, _, paths = saved
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"optimizer": Evil()}, paths[-1] / "trainer.pt", pickle_module=pickle)
+    with pytest.raises(UserError, match="trainer.pt is unreadable"):
+        load_checkpoint(paths[-1]).trainer_state()
