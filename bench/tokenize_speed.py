@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.common import median_of, write_result
 from llmlab.data.corpus import CORPUS
-from llmlab.data.prepare import pieces, prepare
+from llmlab.data.prepare import pieces, prepare, training_batches
 from llmlab.data.tokenizer import TOKENIZER
 
 
@@ -26,7 +26,7 @@ def measure(data_section: dict, repeats: int) -> dict:
     texts = [d.text for d in split.train]
     nbytes = sum(d.nbytes for d in split.train)
     factory = TOKENIZER.build(TOKENIZER.config({"kind": "bpe"}, "tokenizer"))
-    batches = lambda: (texts[i:i + 32] for i in range(0, len(texts), 32))  # noqa: E731
+    batches = lambda: (batch for _, batch in training_batches(split.train))  # noqa: E731
     tok_holder = {}
 
     def train():

@@ -38,16 +38,23 @@ class RandomWindows:
         self.rng.bit_generator.state = state
 
 
-def fixed_windows(tokens: np.ndarray, block: int, batch: int, max_windows: int | None = None):
-    """Non-overlapping windows from the start of ``tokens``, in order: every token is scored
-    once. Yields (inputs, targets) batches; the last batch may be smaller."""
+def window_starts(tokens: np.ndarray, block: int, max_windows: int | None = None) -> np.ndarray:
+    """Starts of non-overlapping windows of ``block + 1`` tokens. All of them, or
+    ``max_windows`` spread evenly over the split so a partial eval sees all of it."""
     check_length(tokens, block, "val")
     n = (len(tokens) - 1) // block
-    if max_windows is not None:
-        n = min(n, max_windows)
-    for first in range(0, n, batch):
-        idx = range(first, min(n, first + batch))
-        rows = np.stack([tokens[i * block: i * block + block + 1] for i in idx]).astype(np.int64)
+    index = np.arange(n)
+    if max_windows is not None and max_windows < n:
+        index = np.linspace(0, n - 1, max_windows).round().astype(np.int64)
+    return index * block
+
+
+def fixed_windows(tokens: np.ndarray, block: int, batch: int, max_windows: int | None = None):
+    """Fixed windows in order (see `window_starts`); every scored token is scored once.
+    Yields (inputs, targets) batches; the last batch may be smaller."""
+    starts = window_starts(tokens, block, max_windows)
+    for first in range(0, len(starts), batch):
+        rows = np.stack([tokens[s:s + block + 1] for s in starts[first:first + batch]]).astype(np.int64)
         data = torch.from_numpy(rows)
         yield data[:, :-1], data[:, 1:]
 

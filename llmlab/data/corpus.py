@@ -179,6 +179,12 @@ class HFDataset(Corpus):
         text_column: str = "text"
         max_docs: int | None = None
 
+    def _local_files(self) -> list[str]:
+        """The local files ``data.path`` names (a file or a glob); [] for a hub name or a directory."""
+        path = os.path.expanduser(self.cfg.path)
+        matches = glob.glob(path) if glob.has_magic(path) else [path]
+        return sorted(p for p in matches if os.path.isfile(p))
+
     def _load(self, split: str):
         import datasets
 
@@ -186,13 +192,13 @@ class HFDataset(Corpus):
         if not path:
             raise ConfigError("data.path: set a dataset name or a local file, e.g. data.path=corpus.jsonl")
         builder, kwargs = path, {}
-        local = glob.glob(path) if glob.has_magic(path) else ([path] if os.path.exists(path) else [])
-        if local and all(os.path.isfile(p) for p in local):
+        local = self._local_files()
+        if local:
             suffixes = {Path(p).suffix for p in local}
             if len(suffixes) != 1 or suffixes.pop() not in self.LOCAL_BUILDERS:
                 allowed = ", ".join(sorted(self.LOCAL_BUILDERS))
                 raise UserError(f"data.path: local files must share one of the suffixes {allowed}")
-            builder, kwargs = self.LOCAL_BUILDERS[Path(local[0]).suffix], {"data_files": sorted(local)}
+            builder, kwargs = self.LOCAL_BUILDERS[Path(local[0]).suffix], {"data_files": local}
         elif os.path.isdir(path) and (Path(path) / "dataset_info.json").exists():
             ds = datasets.load_from_disk(path)
             return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
@@ -227,8 +233,8 @@ class HFDataset(Corpus):
 
     def fingerprint(self) -> dict[str, Any]:
         path = os.path.expanduser(self.cfg.path)
-        local = glob.glob(path) if glob.has_magic(path) else ([path] if os.path.exists(path) else [])
-        files = [Path(p) for p in local if os.path.isfile(p)]
+        files = [Path(p) for p in self._local_files()]
         if os.path.isdir(path):
             files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+        # a hub dataset is identified by its name and settings alone
         return {"path": self.cfg.path, **(_files_fingerprint(files) if files else {})}

@@ -53,6 +53,14 @@ def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
     return out
 
 
+def training_batches(docs: list[Document], per_batch: int = 32):
+    """Batches of text for tokenizer training: pieces, which pre-tokenize exactly like their
+    documents (so counts are unchanged) and let one large document use every thread."""
+    for i in range(0, len(docs), per_batch):
+        chunk = docs[i:i + per_batch]
+        yield chunk, [p for d in chunk for p in pieces(d.text)]
+
+
 @dataclass
 class Prepared:
     """A complete cache entry."""
@@ -169,15 +177,14 @@ def _build(corpus, factory, data_cfg, tok_cfg, out: Path, quiet: bool) -> dict[s
 
             def texts():
                 done = 0
-                for i in range(0, len(split.train), 32):
-                    chunk = split.train[i:i + 32]
-                    yield [d.text for d in chunk]
+                for chunk, batch in training_batches(split.train):
+                    yield batch
                     done += sum(d.nbytes for d in chunk)
-                    rate = done / max(1e-9, time.perf_counter() - t1)
-                    progress.update(task, completed=done, rate=f"{rate / 1e6:.1f} MB/s")
+                    progress.update(task, completed=done)
 
             tok = factory.make(texts, total=(len(split.train) + 31) // 32)
-            progress.update(task, completed=train_bytes, description="train tokenizer (done)")
+            rate = train_bytes / max(1e-9, time.perf_counter() - t1)
+            progress.update(task, completed=train_bytes, rate=f"{rate / 1e6:.1f} MB/s")
         else:
             tok = factory.make()
         t_tok = time.perf_counter() - t1

@@ -108,7 +108,7 @@ def latest_run_checkpoint(outputs: Path) -> Path:
     found = [c for c in Path(outputs).glob("**/checkpoints/step_*") if (c / "model.safetensors").is_file()]
     if not found:
         raise UserError(f"ckpt=latest: no checkpoints under {Path(outputs).resolve()}; train first (llmlab train)")
-    return max(found, key=lambda c: (c / "model.safetensors").stat().st_mtime)
+    return max(found, key=lambda c: (c / "model.safetensors").stat().st_mtime).resolve()
 
 
 @dataclass

@@ -11,10 +11,9 @@ import torch
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s.
 GPU_PEAK_BF16 = {
     "H200": 989e12,
-    "H100 SXM": 989e12,
     "H100 NVL": 835e12,
     "H100 PCIe": 756e12,
-    "H100": 756e12,
+    "H100": 989e12,  # the SXM part reports itself as "NVIDIA H100 80GB HBM3"
     "GH200": 989e12,
     "B200": 2250e12,
     "A100": 312e12,

@@ -35,6 +35,12 @@ def test_fixed_windows_score_every_token_once():
     assert [x.shape[0] for x, _ in batches] == [3, 3, 3, 1]
 
 
+def test_partial_eval_spreads_windows_over_the_split():
+    tokens = np.arange(1001, dtype=np.uint16)
+    firsts = [int(x[i, 0]) for x, _ in fixed_windows(tokens, block=10, batch=2, max_windows=4) for i in range(len(x))]
+    assert firsts == [0, 330, 660, 990]
+
+
 def test_corpus_smaller_than_one_block_is_a_user_error():
     with pytest.raises(UserError, match="fewer than one block"):
         RandomWindows(np.arange(10, dtype=np.uint16), block=16, batch=2, seed=0)

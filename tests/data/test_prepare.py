@@ -122,3 +122,14 @@ def test_hf_corpus_reads_local_files_through_datasets(tmp_path, fmt):
     assert p.meta["train"]["bytes"] + p.meta["val"]["bytes"] == total
     with pytest.raises(UserError, match=r"^data.text_column: 'body' is not a column; columns: text, id"):
         prep.prepare({**data, "text_column": "body"}, BYTE, str(tmp_path / "cache"), quiet=True)
+
+
+def test_pretrained_tokenizer_file_is_used_as_is(tmp_path, corpus_dir):
+    data = {**TEXT, "paths": [str(corpus_dir / "*")]}
+    bpe = prep.prepare(data, {"kind": "bpe", "vocab_size": 300, "min_frequency": 1}, str(tmp_path / "c"), quiet=True)
+    again = prep.prepare(data, {"kind": "pretrained", "path": str(bpe.path / "tokenizer.json")},
+                         str(tmp_path / "c"), quiet=True)
+    assert again.path != bpe.path
+    assert np.array_equal(np.asarray(again.tokens("train")), np.asarray(bpe.tokens("train")))
+    with pytest.raises(UserError, match=r"^tokenizer.path: no tokenizer.json at"):
+        prep.prepare(data, {"kind": "pretrained", "path": str(tmp_path / "none.json")}, str(tmp_path / "c"), quiet=True)

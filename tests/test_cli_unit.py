@@ -1,0 +1,45 @@
+"""Pieces of the command line that need no subprocess."""
+
+import pytest
+
+from llmlab.cli import expand_sweeps, quote_free_text, split_args
+
+
+@pytest.mark.parametrize("value", ["def fib(", "it's", "x = [1, 2]", "a\\nb", "end\\", "q\\'x", "plain"])
+def test_free_text_values_reach_the_config_unchanged(value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    parsed = OverridesParser.create().parse_override(quote_free_text(f"prompt={value}"))
+    assert parsed.value() == value
+
+
+def test_valid_overrides_and_flags_pass_through():
+    for arg in ("optim.lr=1e-3,3e-3", "model=gqa", "-m", "--cfg", "data.paths=[a.txt,b.txt]"):
+        assert quote_free_text(arg) == arg
+
+
+def test_split_args_skips_hydra_flags_and_keys():
+    overrides, check = split_args(["-m", "--cfg", "job", "a=1", "hydra.run.dir=x", "b=2", "--info", "defaults"])
+    assert overrides == ["a=1", "b=2"] and check
+    assert split_args(["--help"])[1] is False
+
+
+def test_sweeps_expand_to_every_combination():
+    combos = expand_sweeps(["a=1,2", "b=x,y", "c=3"])
+    assert combos == [["a=1", "b=x", "c=3"], ["a=1", "b=y", "c=3"], ["a=2", "b=x", "c=3"], ["a=2", "b=y", "c=3"]]
+
+
+def test_ckpt_latest_finds_the_newest_checkpoint(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from llmlab.errors import UserError
+    from llmlab.train.checkpoint import resolve_checkpoint
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="no checkpoints under"):
+        resolve_checkpoint("latest")
+    for i, run in enumerate(["outputs/train/a", "outputs/train-sweep/b/0"]):
+        ckpt = tmp_path / run / "checkpoints" / "step_000010"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"x")
+        os.utime(ckpt / "model.safetensors", (time.time() + i, time.time() + i))
+    assert resolve_checkpoint("latest") == tmp_path / "outputs/train-sweep/b/0/checkpoints/step_000010"

@@ -1,0 +1,24 @@
+"""End-to-end runs that take minutes: `make test-all` runs them, `make test` does not."""
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.slow
+def test_default_model_learns_the_stdlib(tmp_path):
+    """The default config on the default corpus, shortened: validation loss falls well below
+    chance (ln 8192 = 9.0) and keeps falling between evals."""
+    r = run_cli("train", "logger=none", "train.steps=150", "train.eval_every=75", "train.ckpt_every=0",
+                "hydra.run.dir=run", cwd=tmp_path, timeout=1800)
+    assert r.returncode == 0, r.stderr
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if "val/loss" in json.loads(line)]
+    assert [e["step"] for e in evals] == [75, 150]
+    assert evals[0]["val/loss"] < math.log(8192) - 2
+    assert evals[1]["val/loss"] < evals[0]["val/loss"] - 0.2
+    s = run_cli("sample", "ckpt=run", "prompt=def ", "max_new_tokens=20", "temperature=0", cwd=tmp_path)
+    assert s.returncode == 0 and s.stdout.startswith("def ")

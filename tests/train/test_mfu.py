@@ -1,0 +1,35 @@
+import pytest
+import torch
+
+from llmlab.train.device import resolve_device, resolve_precision
+from llmlab.train.mfu import device_peak_flops, gpu_peak
+
+
+def test_gpu_names_map_to_their_data_sheet_peaks():
+    assert gpu_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert gpu_peak("NVIDIA H200", "bf16") == 989e12
+    assert gpu_peak("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert gpu_peak("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert gpu_peak("NVIDIA A100-SXM4-80GB", "fp32") == 156e12  # TF32 runs at half rate
+    assert gpu_peak("NVIDIA L40S", "bf16") == 362e12
+    assert gpu_peak("Some Future GPU", "bf16") is None
+
+
+def test_cpu_peak_is_measured():
+    peak, source = device_peak_flops(torch.device("cpu"), "fp32")
+    assert peak > 1e8 and "measured" in source
+
+
+def test_auto_device_and_precision_on_this_machine():
+    device = resolve_device("auto")
+    if device.type == "cpu":
+        assert resolve_precision("auto", device) == "fp32"
+    assert resolve_precision("bf16", device) == "bf16"
+
+
+def test_unknown_device_and_precision_name_the_key():
+    from llmlab.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^device: unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    with pytest.raises(ConfigError, match=r"^precision: unknown 'fp8'; allowed: auto, fp32, bf16$"):
+        resolve_precision("fp8", torch.device("cpu"))
