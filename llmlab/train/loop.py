@@ -212,7 +212,7 @@ def complete_prompts(model: Transformer, tokenizer, prompts: list[str], n_tokens
         ids = tokenizer.encode(prompt) or [tokenizer.eos_id or 0]
         x = torch.tensor([ids], device=device)
         y = generate(model, x, cfg, eos_id=tokenizer.eos_id, generator=gen)
-        out.append((prompt, tokenizer.decode(y[0, len(ids):].tolist())))
+        out.append((prompt, tokenizer.decode(y[0, len(ids):].tolist(), skip_special=True)))
     return out
 
 
