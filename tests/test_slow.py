@@ -20,5 +20,6 @@ def test_default_model_learns_the_stdlib(tmp_path):
     assert [e["step"] for e in evals] == [75, 150]
     assert evals[0]["val/loss"] < math.log(8192) - 2
     assert evals[1]["val/loss"] < evals[0]["val/loss"] - 0.2
-    s = run_cli("sample", "ckpt=run", "prompt=def ", "max_new_tokens=20", "temperature=0", cwd=tmp_path)
-    assert s.returncode == 0 and s.stdout.startswith("def ")
+    s = run_cli("sample", "ckpt=run", "prompt=def", "max_new_tokens=20", "temperature=0", cwd=tmp_path)
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.startswith("def") and len(s.stdout) > len("def\n")
