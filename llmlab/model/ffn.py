@@ -27,9 +27,8 @@ class FeedForward(nn.Module):
         return 4 * d_model
 
 
-@FFN.register("gelu")
-class GeluFFN(FeedForward):
-    """The GPT-2 / BERT MLP: d -> 4d -> GELU -> d."""
+class TwoMatrixFFN(FeedForward):
+    """d -> hidden -> activation -> d."""
 
     def __init__(self, d_model: int, hidden: int, bias: bool):
         super().__init__()
@@ -37,22 +36,27 @@ class GeluFFN(FeedForward):
         self.down_proj = nn.Linear(hidden, d_model, bias=bias)
         self.down_proj.residual_out = True
 
+    def activation(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        return self.down_proj(self.activation(self.up_proj(x)))
+
+
+@FFN.register("gelu")
+class GeluFFN(TwoMatrixFFN):
+    """The GPT-2 / BERT MLP (tanh-approximated GELU, as GPT-2 uses)."""
+
+    def activation(self, h: torch.Tensor) -> torch.Tensor:
+        return F.gelu(h, approximate="tanh")
 
 
 @FFN.register("relu2")
-class ReluSquaredFFN(FeedForward):
+class ReluSquaredFFN(TwoMatrixFFN):
     """Squared ReLU (So et al. 2021, Primer, section 4)."""
 
-    def __init__(self, d_model: int, hidden: int, bias: bool):
-        super().__init__()
-        self.up_proj = nn.Linear(d_model, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, d_model, bias=bias)
-        self.down_proj.residual_out = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.relu(self.up_proj(x)).square())
+    def activation(self, h: torch.Tensor) -> torch.Tensor:
+        return F.relu(h).square()
 
 
 @FFN.register("swiglu")

@@ -92,22 +92,15 @@ def test_generation_stops_at_eos():
     assert out.shape[1] == 5  # the eos itself, then stop
 
 
-def test_gqa_with_kv_heads_equal_heads_is_mha():
-    mha = tiny_model(attention={"kind": "mha"})
-    gqa = Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": 4})).eval()
-    gqa.load_state_dict(mha.state_dict())
+@pytest.mark.parametrize("named, gqa_kv_heads", [("mha", 4), ("mqa", 1)])
+def test_mha_and_mqa_are_gqa_with_all_or_one_kv_heads(named, gqa_kv_heads):
+    """Given the same weights: gqa with kv_heads = heads is mha; with one kv head it is mqa."""
+    reference = tiny_model(attention={"kind": named})
+    gqa = Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": gqa_kv_heads})).eval()
+    gqa.load_state_dict(reference.state_dict())
     x = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
-        assert torch.allclose(mha(x)[0], gqa(x)[0], atol=1e-6)
-
-
-def test_mqa_is_gqa_with_one_kv_head():
-    mqa = tiny_model(attention={"kind": "mqa"})
-    gqa = Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": 1})).eval()
-    gqa.load_state_dict(mqa.state_dict())
-    x = torch.randint(0, 97, (2, 12))
-    with torch.no_grad():
-        assert torch.allclose(mqa(x)[0], gqa(x)[0], atol=1e-6)
+        assert torch.allclose(reference(x)[0], gqa(x)[0], atol=1e-6)
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
