@@ -56,6 +56,12 @@ def _check_value(value: Any, tp: Any, key: str) -> Any:
         return dict(value)
     if tp is Any:
         return value
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return parse_dataclass(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
             return value

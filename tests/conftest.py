@@ -34,11 +34,12 @@ def corpus_dir(tmp_path: Path) -> Path:
 
 
 def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict | None = None,
-              vocab_size: int = 97, **model) -> ModelSpec:
+              objective: dict | None = None, vocab_size: int = 97, **model) -> ModelSpec:
     model_cfg = {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, **model}
     return ModelSpec.from_config({"model": model_cfg, "attention": attention or {"kind": "mha"},
                                   "norm": norm or {"placement": "pre", "kind": "rmsnorm"},
-                                  "pos": pos or {"kind": "rope"}}, vocab_size)
+                                  "pos": pos or {"kind": "rope"}, "objective": objective or {"kind": "clm"}},
+                                 vocab_size)
 
 
 def tiny_model(seed: int = 0, **kwargs) -> Transformer:

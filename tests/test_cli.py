@@ -42,7 +42,7 @@ def test_unknown_command_prints_usage_and_exits_2(tmp_path):
 def test_command_help_is_hydras(tmp_path):
     r = run_cli("train", "--help", cwd=tmp_path)
     assert r.returncode == 0
-    assert "llmlab train" in r.stdout and "model/attention: gqa, mha, mqa" in r.stdout
+    assert "llmlab train" in r.stdout and "model/attention: gqa, mha, mla, mqa, swa" in r.stdout
 
 
 def test_cfg_job_shows_the_composed_config(tmp_path):
@@ -54,7 +54,7 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
 @pytest.mark.parametrize("args, fragments", [
     (["train", "attention.kv_head=2"], ["attention.kv_head: unknown key"]),
     (["train", "model=gqa", "attention.kv_head=2"], ["attention.kv_head: unknown key", "kind, kv_heads"]),
-    (["train", "model/attention=perceiver"], ["model/attention=perceiver: unknown option", "gqa, mha, mqa"]),
+    (["train", "model/attention=perceiver"], ["model/attention=perceiver: unknown option", "gqa, mha, mla, mqa, swa"]),
     (["train", "model=gqa", "attention.kv_heads=3"], ["attention.kv_heads: 3 does not divide model.n_heads=4"]),
     (["train", "norm.kind=batchnorm"], ["norm.kind: unknown norm.kind 'batchnorm'", "layernorm, rmsnorm"]),
     (["train", "-m", "optim.lr=1e-3,-2"], ["optim.lr: must be > 0"]),

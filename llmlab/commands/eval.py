@@ -48,14 +48,20 @@ def run(cfg: dict, run_dir: Path) -> None:
         task = progress.add_task("eval", total=n_windows)
         res = evaluate_loss(model, tokens, block, int(cfg["batch_size"]), device, autocast(device, precision),
                             max_windows, on_batch=lambda n: progress.advance(task, n))
-    bpb = bits_per_byte(res["loss"], len(tokens), nbytes)
-    result = {"ckpt": str(ckpt.path), "step": ckpt.state.get("step"), "source": source, "tokens_scored": res["tokens"],
-              "loss": res["loss"], "ppl": res["ppl"], "bpb": bpb, "bytes_per_token": nbytes / max(1, len(tokens)),
-              "device": str(device), "precision": precision}
+    causal = model.objective.causal
+    # bits per byte describe next-token prediction; a masked-token loss reports accuracy instead
+    bpb = bits_per_byte(res["loss"], len(tokens), nbytes) if causal else None
+    result = {"ckpt": str(ckpt.path), "step": ckpt.state.get("step"), "source": source,
+              "objective": (ckpt.spec.get("objective") or {}).get("kind", "clm"), "tokens_scored": res["tokens"],
+              "loss": res["loss"], "ppl": res["ppl"], "accuracy": res["accuracy"], "bpb": bpb,
+              "bytes_per_token": nbytes / max(1, len(tokens)), "device": str(device), "precision": precision}
     table = Table(title=f"eval: {ckpt.path}", title_justify="left")
-    for col in ("data", "tokens", "loss", "ppl", "bits/byte"):
+    columns = ("data", "tokens", "loss", "ppl", "accuracy", "bits/byte") if causal else \
+        ("data", "masked tokens", "masked loss", "ppl", "masked accuracy")
+    for col in columns:
         table.add_column(col, justify="left" if col == "data" else "right")
-    table.add_row(source, f"{res['tokens']:,}", f"{res['loss']:.4f}", f"{res['ppl']:.2f}", f"{bpb:.4f}")
+    row = [source, f"{res['tokens']:,}", f"{res['loss']:.4f}", f"{res['ppl']:.2f}", f"{res['accuracy']:.3f}"]
+    table.add_row(*row, *([f"{bpb:.4f}"] if causal else []))
     console.out.print(table)
     out = run_dir / "eval.json"
     out.write_text(json.dumps(result, indent=2))

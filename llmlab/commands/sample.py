@@ -41,9 +41,10 @@ def run(cfg: dict, run_dir: Path) -> None:
     validate(cfg)
     sampling = sampling_config(cfg)
     ckpt = load_checkpoint(cfg["ckpt"])
-    if ckpt.spec.get("objective", "clm") != "clm":
-        raise UserError(f"ckpt: {ckpt.path} was trained with objective={ckpt.spec['objective']}; "
-                        "sampling needs a causal (clm) model")
+    objective = (ckpt.spec.get("objective") or {}).get("kind", "clm")
+    if objective != "clm":
+        raise UserError(f"ckpt: {ckpt.path} was trained with objective={objective} (bidirectional); "
+                        "sampling needs a causal model (objective=clm)")
     device = resolve_device(str(cfg["device"]))
     model = build_model(ckpt, device)
     tok = ckpt.tokenizer()

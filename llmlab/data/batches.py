@@ -25,10 +25,13 @@ class RandomWindows:
         self.tokens, self.block, self.batch = tokens, block, batch
         self.rng = np.random.default_rng([seed, rank])
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_window(self) -> torch.Tensor:
+        """(batch, block + 1) token ids; an objective turns them into inputs and targets."""
         starts = self.rng.integers(0, len(self.tokens) - self.block, size=self.batch)
-        rows = np.stack([self.tokens[s:s + self.block + 1] for s in starts]).astype(np.int64)
-        data = torch.from_numpy(rows)
+        return torch.from_numpy(np.stack([self.tokens[s:s + self.block + 1] for s in starts]).astype(np.int64))
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        data = self.next_window()
         return data[:, :-1], data[:, 1:]
 
     def state(self) -> dict:
@@ -49,13 +52,17 @@ def window_starts(tokens: np.ndarray, block: int, max_windows: int | None = None
     return index * block
 
 
-def fixed_windows(tokens: np.ndarray, block: int, batch: int, max_windows: int | None = None):
-    """Fixed windows in order (see `window_starts`); every scored token is scored once.
-    Yields (inputs, targets) batches; the last batch may be smaller."""
+def fixed_window_batches(tokens: np.ndarray, block: int, batch: int, max_windows: int | None = None):
+    """Fixed windows in order (see `window_starts`), as (batch, block + 1) tensors; the last
+    batch may be smaller."""
     starts = window_starts(tokens, block, max_windows)
     for first in range(0, len(starts), batch):
-        rows = np.stack([tokens[s:s + block + 1] for s in starts[first:first + batch]]).astype(np.int64)
-        data = torch.from_numpy(rows)
+        yield torch.from_numpy(np.stack([tokens[s:s + block + 1] for s in starts[first:first + batch]]).astype(np.int64))
+
+
+def fixed_windows(tokens: np.ndarray, block: int, batch: int, max_windows: int | None = None):
+    """(inputs, targets) next-token batches of `fixed_window_batches`; every target once."""
+    for data in fixed_window_batches(tokens, block, batch, max_windows):
         yield data[:, :-1], data[:, 1:]
 
 

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmlab.errors import ConfigError
-from llmlab.model.cache import KVCache
+from llmlab.model.cache import KVCache, LatentCache, RollingKVCache
+from llmlab.model.norm import RMSNorm
 from llmlab.registry import Registry
 
 ATTENTION = Registry("attention")
@@ -30,16 +31,18 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool,
     if not causal and window is None:
         return None
     diff = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk): how far back the key is
-    allowed = diff >= 0 if causal else torch.ones_like(diff, dtype=torch.bool)
-    if window is not None:
-        allowed = allowed & (diff < window)
-    return allowed
+    if causal:
+        allowed = diff >= 0
+        return allowed & (diff < window) if window is not None else allowed
+    return diff.abs() < window
 
 
-def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(d) + mask) v, returning the weights too. q: (B, H, Tq, D)."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale + mask) v, returning the weights too. q: (B, H, Tq, D);
+    scale defaults to 1 / sqrt(D)."""
+    scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -165,3 +168,139 @@ class MQA(GroupedQueryAttention):
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
         return 1
+
+
+@ATTENTION.register("swa")
+class SlidingWindowAttention(GroupedQueryAttention):
+    """Causal attention to the last ``window`` positions only (Child et al. 2019; Beltagy et
+    al. 2020, Longformer; Mistral 7B). Works with any ``kv_heads`` (null: one per head). The
+    decode cache is a rolling buffer of ``window`` positions, so its memory stays bounded."""
+
+    @dataclass
+    class Config:
+        kind: str = "swa"
+        window: int = 64
+        kv_heads: int | None = None
+
+        def check(self, prefix: str) -> None:
+            if self.window < 1:
+                raise ConfigError(f"{prefix}.window: must be >= 1, got {self.window}")
+            if self.kv_heads is not None and self.kv_heads < 1:
+                raise ConfigError(f"{prefix}.kv_heads: must be >= 1 or null, got {self.kv_heads}")
+
+    @staticmethod
+    def kv_heads_for(cfg, n_heads: int) -> int:
+        return cfg.kv_heads or n_heads
+
+    def window(self) -> int:
+        return self.cfg.window
+
+    def new_cache(self, batch: int, max_len: int, device, dtype) -> RollingKVCache:
+        return RollingKVCache(batch, self.kv_heads, min(self.cfg.window, max_len), self.head_dim, self.head_dim,
+                              device, dtype)
+
+
+@ATTENTION.register("mla")
+class MultiHeadLatentAttention(nn.Module):
+    """Multi-head Latent Attention (DeepSeek-V2, Liu et al. 2024, section 2.1).
+
+    Keys and values are rebuilt from one shared latent c_kv = norm(W_DKV x) of ``kv_rank``
+    dims; a separate ``rope_dim`` part carries position: each head's query has its own rotary
+    part, and one rotary key is shared by all heads (decoupled RoPE, eq. 14-19). The cache
+    holds only c_kv and the shared rotary key. Queries may be low-rank too (``q_rank``).
+
+    With ``absorb`` (decoding), W_UK is folded into the query and W_UV into the output, so
+    attention runs in the latent space without expanding the cached keys (section 2.1.2).
+    """
+
+    @dataclass
+    class Config:
+        kind: str = "mla"
+        q_rank: int = 0  # 0: full-rank query projection
+        kv_rank: int = 96
+        rope_dim: int = 32
+        nope_dim: int = 64
+        v_dim: int = 64
+        absorb: bool = True
+
+        def check(self, prefix: str) -> None:
+            for key in ("kv_rank", "rope_dim", "nope_dim", "v_dim"):
+                if getattr(self, key) < 1:
+                    raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
+            if self.rope_dim % 2:
+                raise ConfigError(f"{prefix}.rope_dim: must be even (RoPE rotates pairs), got {self.rope_dim}")
+            if self.q_rank < 0:
+                raise ConfigError(f"{prefix}.q_rank: must be >= 0 (0 = no query compression), got {self.q_rank}")
+
+    def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
+        super().__init__()
+        self.cfg, self.n_heads, self.causal = cfg, n_heads, causal
+        H, qk = n_heads, cfg.nope_dim + cfg.rope_dim
+        self.qk_dim = qk
+        if cfg.q_rank:
+            self.q_down = nn.Linear(d_model, cfg.q_rank, bias=False)
+            self.q_norm = RMSNorm(cfg.q_rank, 1e-6)
+            self.q_up = nn.Linear(cfg.q_rank, H * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(d_model, H * qk, bias=False)
+        self.kv_down = nn.Linear(d_model, cfg.kv_rank + cfg.rope_dim, bias=False)  # [c_kv ; shared rotary key]
+        self.kv_norm = RMSNorm(cfg.kv_rank, 1e-6)
+        self.kv_up = nn.Linear(cfg.kv_rank, H * (cfg.nope_dim + cfg.v_dim), bias=False)  # [W_UK ; W_UV] per head
+        self.o_proj = nn.Linear(H * cfg.v_dim, d_model, bias=bias)
+        self.o_proj.residual_out = True
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
+        return (self.cfg.kv_rank + self.cfg.rope_dim) * dtype_bytes
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return 6 * self.n_heads * seq_len * (self.qk_dim + self.cfg.v_dim)
+
+    def new_cache(self, batch: int, max_len: int, device, dtype) -> LatentCache:
+        return LatentCache(batch, max_len, self.cfg.kv_rank, self.cfg.rope_dim, device, dtype)
+
+    def _split_up(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK (H, nope, kv_rank) and W_UV (H, v, kv_rank) from the stacked up-projection."""
+        w = self.kv_up.weight.view(self.n_heads, self.cfg.nope_dim + self.cfg.v_dim, self.cfg.kv_rank)
+        return w[:, :self.cfg.nope_dim], w[:, self.cfg.nope_dim:]
+
+    def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache: LatentCache | None = None,
+                need_weights: bool = False):
+        B, T, _ = x.shape
+        H, c = self.n_heads, self.cfg
+        q = self.q_up(self.q_norm(self.q_down(x))) if c.q_rank else self.q_proj(x)
+        q = q.view(B, T, H, self.qk_dim).transpose(1, 2)  # (B, H, T, nope + rope)
+        q_nope, q_rope = q.split([c.nope_dim, c.rope_dim], dim=-1)
+        q_rope = rotary.apply(q_rope)
+        latent, k_rope = self.kv_down(x).split([c.kv_rank, c.rope_dim], dim=-1)
+        latent = self.kv_norm(latent)  # (B, T, kv_rank)
+        k_rope = rotary.apply(k_rope[:, None])  # (B, 1, T, rope): one rotary key for all heads
+        k_pos = positions
+        if cache is not None:
+            latent, k_rope, k_pos = cache.append(latent, k_rope)
+        mask = attention_mask(positions, k_pos, self.causal)
+        is_causal = self.causal and q.shape[2] == latent.shape[1]
+        scale = 1 / math.sqrt(self.qk_dim)
+        Tk = latent.shape[1]
+        if cache is not None and c.absorb and not need_weights:
+            w_uk, w_uv = self._split_up()
+            q_lat = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # W_UK folded into the query
+            qa = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, T, kv_rank + rope)
+            ka = torch.cat([latent[:, None], k_rope], dim=-1).expand(B, H, Tk, c.kv_rank + c.rope_dim)
+            va = latent[:, None].expand(B, H, Tk, c.kv_rank)
+            o_lat = F.scaled_dot_product_attention(qa, ka, va, attn_mask=None if is_causal or T == 1 else mask,
+                                                   is_causal=is_causal and T > 1, scale=scale)
+            y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_UV folded into the output
+            weights = None
+        else:
+            kv = self.kv_up(latent).view(B, Tk, H, c.nope_dim + c.v_dim).transpose(1, 2)
+            k_nope, v = kv.split([c.nope_dim, c.v_dim], dim=-1)
+            k = torch.cat([k_nope, k_rope.expand(B, H, Tk, c.rope_dim)], dim=-1)
+            qf = torch.cat([q_nope, q_rope], dim=-1)
+            if need_weights:
+                y, weights = math_attention(qf, k, v, mask, scale)
+            else:
+                y = F.scaled_dot_product_attention(qf, k, v, attn_mask=None if is_causal or (self.causal and T == 1)
+                                                   else mask, is_causal=is_causal and T > 1, scale=scale)
+                weights = None
+        y = y.transpose(1, 2).reshape(B, T, H * c.v_dim)
+        return self.o_proj(y), weights

@@ -30,6 +30,55 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end], positions
 
 
+class RollingKVCache:
+    """Keys and values of the last ``window`` positions: a ring buffer, so decoding memory
+    stays bounded however long the text grows. (B, H_kv, window, D)."""
+
+    def __init__(self, batch: int, kv_heads: int, window: int, k_dim: int, v_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.k = torch.zeros(batch, kv_heads, window, k_dim, device=device, dtype=dtype)
+        self.v = torch.zeros(batch, kv_heads, window, v_dim, device=device, dtype=dtype)
+        self.slot_pos = torch.full((window,), -1, dtype=torch.long, device=device)  # -1: empty
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return the buffered keys/values followed by the new ones (the attention mask sorts out
+        which each query may see), then keep the last ``window`` of them."""
+        window, T = self.k.shape[2], k.shape[2]
+        new_pos = torch.arange(self.length, self.length + T, device=k.device)
+        filled = self.slot_pos >= 0
+        keys = torch.cat([self.k[:, :, filled], k], dim=2)
+        values = torch.cat([self.v[:, :, filled], v], dim=2)
+        positions = torch.cat([self.slot_pos[filled], new_pos])
+        keep = min(T, window)
+        slots = new_pos[-keep:] % window
+        self.k[:, :, slots] = k[:, :, -keep:]
+        self.v[:, :, slots] = v[:, :, -keep:]
+        self.slot_pos[slots] = new_pos[-keep:]
+        self.length += T
+        return keys, values, positions
+
+
+class LatentCache:
+    """MLA's cache: the compressed latent (B, max_len, kv_rank) and the one shared rotary key
+    (B, 1, max_len, rope_dim) per position; keys and values are rebuilt from them."""
+
+    def __init__(self, batch: int, max_len: int, kv_rank: int, rope_dim: int, device: torch.device,
+                 dtype: torch.dtype):
+        self.latent = torch.zeros(batch, max_len, kv_rank, device=device, dtype=dtype)
+        self.k_rope = torch.zeros(batch, 1, max_len, rope_dim, device=device, dtype=dtype)
+        self.length = 0
+
+    def append(self, latent: torch.Tensor, k_rope: torch.Tensor):
+        start, end = self.length, self.length + latent.shape[1]
+        if end > self.latent.shape[1]:
+            raise ValueError(f"latent cache holds {self.latent.shape[1]} positions; asked for {end}")
+        self.latent[:, start:end] = latent
+        self.k_rope[:, :, start:end] = k_rope
+        self.length = end
+        return self.latent[:, :end], self.k_rope[:, :, :end], torch.arange(end, device=latent.device)
+
+
 class ModelCache:
     """One cache per layer plus the next position to write."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmlab.errors import ConfigError
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,6 +27,11 @@ class FeedForward(nn.Module):
     @staticmethod
     def default_hidden(d_model: int) -> int:
         return 4 * d_model
+
+    @classmethod
+    def from_config(cls, m) -> "FeedForward":
+        """Build from the ``model`` section (a ModelConfig)."""
+        return cls(m.d_model, m.ffn_hidden or cls.default_hidden(m.d_model), m.bias)
 
 
 class TwoMatrixFFN(FeedForward):
@@ -80,3 +87,91 @@ class SwiGLU(FeedForward):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class MoEConfig:
+    """``model.moe``: used when ``model.ffn=moe``."""
+
+    n_experts: int = 8
+    top_k: int = 2
+    shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
+    expert_hidden: int | None = None  # None: the SwiGLU default for d_model
+    jitter: float = 0.0  # router input multiplied by U(1 - jitter, 1 + jitter) in training
+    balance_coef: float = 0.01  # weight of the load-balancing loss
+
+    def check(self, prefix: str) -> None:
+        if self.n_experts < 1:
+            raise ConfigError(f"{prefix}.n_experts: must be >= 1, got {self.n_experts}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(f"{prefix}.top_k: must be in [1, {prefix}.n_experts={self.n_experts}], got {self.top_k}")
+        if self.shared_experts < 0 or not 0 <= self.jitter < 1 or self.balance_coef < 0:
+            raise ConfigError(f"{prefix}: shared_experts >= 0, 0 <= jitter < 1 and balance_coef >= 0 are required")
+
+
+@FFN.register("moe")
+class MoE(FeedForward):
+    """Mixture of SwiGLU experts with a learned top-k router (Shazeer et al. 2017; Fedus et al.
+    2022, Switch Transformer, for the balance loss and jitter; DeepSeekMoE for shared experts).
+
+    Dispatch is vectorised: assignments are sorted by expert and each expert runs once on
+    its slice of tokens, so the only Python loop is over experts.
+    """
+
+    def __init__(self, d_model: int, hidden: int, bias: bool, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.router = nn.Linear(d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(d_model, hidden, bias) for _ in range(cfg.n_experts))
+        self.shared = nn.ModuleList(SwiGLU(d_model, hidden, bias) for _ in range(cfg.shared_experts))
+        self._aux: dict[str, torch.Tensor] = {}
+        self.last_routing: torch.Tensor | None = None
+
+    @classmethod
+    def from_config(cls, m) -> "MoE":
+        hidden = m.moe.expert_hidden or m.ffn_hidden or SwiGLU.default_hidden(m.d_model)
+        return cls(m.d_model, hidden, m.bias, m.moe)
+
+    def inactive_params(self) -> int:
+        """Parameters of the experts a token is not routed to (for active-parameter FLOPs)."""
+        per_expert = sum(p.numel() for p in self.experts[0].parameters())
+        return per_expert * (self.cfg.n_experts - self.cfg.top_k)
+
+    def take_aux(self) -> dict[str, torch.Tensor]:
+        aux, self._aux = self._aux, {}
+        return aux
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, d)
+        n, E, k = flat.shape[0], self.cfg.n_experts, self.cfg.top_k
+        router_in = flat
+        if self.training and self.cfg.jitter > 0:
+            noise = torch.empty_like(flat).uniform_(1 - self.cfg.jitter, 1 + self.cfg.jitter)
+            router_in = flat * noise
+        probs = self.router(router_in).float().softmax(dim=-1)  # (N, E)
+        top_w, top_i = probs.topk(k, dim=-1)  # (N, k)
+        top_w = (top_w / top_w.sum(dim=-1, keepdim=True)).to(x.dtype)
+        self.last_routing = top_i
+
+        expert_of = top_i.reshape(-1)  # (N k,) row-major: token t's slots at t*k ... t*k+k-1
+        order = expert_of.argsort(stable=True)
+        token_of = order // k
+        counts = torch.bincount(expert_of, minlength=E)
+        x_sorted = flat[token_of]  # (N k, d), grouped by expert
+        y_sorted = torch.empty_like(x_sorted)
+        start = 0
+        for e, count in enumerate(counts.tolist()):
+            if count:
+                y_sorted[start:start + count] = self.experts[e](x_sorted[start:start + count])
+            start += count
+        out = torch.zeros_like(flat).index_add_(0, token_of, y_sorted * top_w.reshape(-1)[order, None])
+        for expert in self.shared:
+            out = out + expert(flat)
+
+        # Switch balance loss: E * sum_i f_i P_i, f = share of assignments, P = mean router prob.
+        load = counts.float() / (n * k)
+        balance = E * (load * probs.mean(dim=0)).sum()
+        self._aux = {"weighted": self.cfg.balance_coef * balance, "balance_loss": balance,
+                     "load_max": load.max() * E, "load_min": load.min() * E}
+        return out.reshape(shape)

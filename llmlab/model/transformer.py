@@ -1,6 +1,7 @@
 """The decoder-only Transformer, assembled from registry-built parts.
 
     tokens -> embedding (+ position signal) -> blocks -> final norm -> LM head -> logits
+                                                     \\-> MTP heads (tokens t+2 ... t+N+1)
 
 The model is built once from a `ModelSpec`; ``forward`` holds no branch on a variant name.
 """
@@ -19,8 +20,9 @@ from llmlab.errors import ConfigError
 from llmlab.model.attention import ATTENTION
 from llmlab.model.block import BLOCK, NormConfig
 from llmlab.model.cache import ModelCache
-from llmlab.model.ffn import FFN, round_up
+from llmlab.model.ffn import FFN, MoEConfig, round_up
 from llmlab.model.norm import NORM
+from llmlab.model.objective import IGNORE, OBJECTIVE
 from llmlab.model.position import POSITION
 from llmlab.registry import parse_dataclass
 
@@ -36,6 +38,9 @@ class ModelConfig:
     max_seq_len: int = 256
     ffn: str = "swiglu"
     ffn_hidden: int | None = None  # None: the feed-forward's own default
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    mtp_heads: int = 0  # extra heads predicting tokens t+2 ... t+1+mtp_heads
+    mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
     bias: bool = False
     tie_embeddings: bool = True
     init_std: float = 0.02
@@ -50,6 +55,8 @@ class ModelConfig:
         FFN.get(self.ffn, f"{prefix}.ffn")
         if self.ffn_hidden is not None and self.ffn_hidden < 1:
             raise ConfigError(f"{prefix}.ffn_hidden: must be >= 1 or null, got {self.ffn_hidden}")
+        if self.mtp_heads < 0:
+            raise ConfigError(f"{prefix}.mtp_heads: must be >= 0, got {self.mtp_heads}")
 
 
 @dataclass
@@ -61,21 +68,45 @@ class ModelSpec:
     attention: Any = None
     norm: NormConfig = field(default_factory=NormConfig)
     pos: Any = None
+    objective: Any = None
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
-        """Check the ``model``, ``attention``, ``norm`` and ``pos`` sections of a config."""
+        """Check the ``model``, ``attention``, ``norm``, ``pos`` and ``objective`` sections."""
         return cls(
             vocab_size=vocab_size,
             model=parse_dataclass(ModelConfig, cfg.get("model"), "model"),
             attention=ATTENTION.config(cfg.get("attention"), "attention"),
             norm=parse_dataclass(NormConfig, cfg.get("norm"), "norm"),
             pos=POSITION.config(cfg.get("pos"), "pos"),
+            objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
         )
 
     def to_dict(self) -> dict:
-        return {"vocab_size": self.vocab_size, "model": asdict(self.model),
-                "attention": asdict(self.attention), "norm": asdict(self.norm), "pos": asdict(self.pos)}
+        return {"vocab_size": self.vocab_size, "model": asdict(self.model), "attention": asdict(self.attention),
+                "norm": asdict(self.norm), "pos": asdict(self.pos), "objective": asdict(self.objective)}
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # (B, T, V_padded)
+    loss: torch.Tensor | None = None  # the training loss: main + weighted auxiliary losses
+    weights: list | None = None  # per-layer attention weights (B, H, T, Tk), with need_weights
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to log
+
+
+class MTPHead(nn.Module):
+    """One multi-token-prediction head: a projection and norm of the final hidden state, read
+    out through the shared LM head (after Gloeckle et al. 2024; DeepSeek-V3 section 2.2
+    chains full blocks instead)."""
+
+    def __init__(self, d_model: int, norm_cfg: NormConfig, bias: bool):
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.norm = NORM.get(norm_cfg.kind)(d_model, norm_cfg.eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(h))
 
 
 class Transformer(nn.Module):
@@ -83,23 +114,26 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         m = spec.model
+        self.objective = OBJECTIVE.build(spec.objective)
         self.vocab_size = spec.vocab_size
-        self.padded_vocab = round_up(spec.vocab_size, m.vocab_multiple)
+        self.mask_id = spec.vocab_size if self.objective.extra_tokens() else None
+        self.padded_vocab = round_up(spec.vocab_size + self.objective.extra_tokens(), m.vocab_multiple)
         self.max_seq_len = m.max_seq_len
         ffn_cls = FFN.get(m.ffn, "model.ffn")
-        hidden = m.ffn_hidden or ffn_cls.default_hidden(m.d_model)
         block_cls = BLOCK.get(spec.norm.placement, "norm.placement")
 
         self.embed = nn.Embedding(self.padded_vocab, m.d_model)
         self.pos = POSITION.build(spec.pos, m.d_model, m.max_seq_len)
         self.blocks = nn.ModuleList(
-            block_cls(ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias),
-                      ffn_cls(m.d_model, hidden, m.bias), spec.norm, m.d_model)
+            block_cls(ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias, causal=self.objective.causal),
+                      ffn_cls.from_config(m), spec.norm, m.d_model)
             for _ in range(m.n_layers))
         self.norm = NORM.get(spec.norm.kind)(m.d_model, spec.norm.eps) if block_cls.final_norm else nn.Identity()
         self.lm_head = nn.Linear(m.d_model, self.padded_vocab, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.mtp = nn.ModuleList(MTPHead(m.d_model, spec.norm, m.bias) for _ in range(m.mtp_heads))
+        self._aux_parts = [mod for mod in self.blocks.modules() if hasattr(mod, "take_aux")]  # a plain list: not registered
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -111,12 +145,13 @@ class Transformer(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std * scale)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+            elif hasattr(module, "reset_extra_parameters"):
+                module.reset_extra_parameters(std)
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: ModelCache | None = None, need_weights: bool = False):
-        """idx: (B, T) token ids. Returns logits (B, T, V_padded), loss or None, and the
-        per-layer attention weights when ``need_weights``."""
+                cache: ModelCache | None = None, need_weights: bool = False) -> ModelOutput:
+        """idx: (B, T) token ids; targets: (B, T), IGNORE where there is no loss."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         positions = torch.arange(start, start + T, device=idx.device)
@@ -128,11 +163,41 @@ class Transformer(nn.Module):
             all_weights.append(weights)
         if cache is not None:
             cache.pos += T
-        logits = self.lm_head(self.norm(x))  # (B, T, V_padded)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-        return logits, loss, (all_weights if need_weights else None)
+        h = self.norm(x)
+        logits = self.lm_head(h)  # (B, T, V_padded)
+        out = ModelOutput(logits, weights=all_weights if need_weights else None)
+        if targets is None:
+            return out
+        main = _cross_entropy(logits, targets)
+        out.loss = main
+        out.metrics["loss/main"] = main.detach()
+        if len(self.mtp):
+            # head k reads the state at t and predicts targets[t + k], the token t + 1 + k
+            mtp_losses = []
+            for k, head in enumerate(self.mtp, start=1):
+                if T <= k:
+                    break
+                loss_k = _cross_entropy(self.lm_head(head(h[:, :-k])), targets[:, k:])
+                out.metrics[f"mtp/loss_{k}"] = loss_k.detach()
+                mtp_losses.append(loss_k)
+            if mtp_losses:
+                out.loss = out.loss + self.spec.model.mtp_weight * torch.stack(mtp_losses).mean()
+        for name, aux in self.aux_losses().items():
+            out.loss = out.loss + aux["weighted"]
+            out.metrics.update({f"{name}/{k}": v.detach() for k, v in aux.items() if k != "weighted"})
+        return out
+
+    def aux_losses(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Auxiliary losses that parts computed in the last forward (MoE load balance): the
+        weighted losses of all layers summed into the training loss, the logged values
+        averaged over layers."""
+        parts = [m.take_aux() for m in self._aux_parts]
+        parts = [p for p in parts if p]
+        if not parts:
+            return {}
+        keys = parts[0].keys()
+        return {"moe": {k: torch.stack([p[k] for p in parts]).mean() if k != "weighted"
+                        else torch.stack([p[k] for p in parts]).sum() for k in keys}}
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> ModelCache:
         p = next(self.parameters())
@@ -143,13 +208,19 @@ class Transformer(nn.Module):
     def param_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.parameters())
         embedding = self.embed.weight.numel() + sum(p.numel() for p in self.pos.parameters())
-        return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
+        active = total
+        for m in self.modules():
+            if hasattr(m, "inactive_params"):
+                active -= m.inactive_params()
+        return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active}
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token: 6 N over every matmul weight (the LM head included, tied or
-        not) plus the attention term (Kaplan et al. 2020; PaLM appendix B)."""
+        """Training FLOPs per token: 6 N over every matmul weight a token passes through (the
+        LM head included, tied or not; MoE experts a token is not routed to left out) plus the
+        attention term (Kaplan et al. 2020; PaLM appendix B)."""
         seq_len = seq_len or self.max_seq_len
-        matmul_params = self.param_counts()["non_embedding"]
+        counts = self.param_counts()
+        matmul_params = counts["active"] - counts["embedding"]
         if self.spec.model.tie_embeddings:
             matmul_params += self.lm_head.weight.numel()
         attn = sum(blk.attn.flops_per_token(seq_len) for blk in self.blocks)
@@ -157,3 +228,7 @@ class Transformer(nn.Module):
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return sum(blk.attn.kv_cache_bytes_per_token(dtype_bytes) for blk in self.blocks)
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)

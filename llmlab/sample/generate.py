@@ -76,9 +76,9 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
             if cache is None or cache.pos + feed.shape[1] > window:
                 feed = out[:, -(window // 2 if cache is not None else window):]
                 cache = model.new_cache(out.shape[0], window)
-            logits, _, _ = model(feed, cache=cache)
+            logits = model(feed, cache=cache).logits
         else:
-            logits, _, _ = model(out[:, -window:])
+            logits = model(out[:, -window:]).logits
         tok = next_token(logits[:, -1, :vocab], cfg, generator)
         if eos_id is not None:
             tok = torch.where(done, torch.full_like(tok, eos_id), tok)

@@ -32,7 +32,8 @@ def model_card(model: Transformer, seq_len: int, precision: str) -> dict[str, An
     counts = model.param_counts()
     cache_bytes = 2 if precision == "bf16" else 4
     return {"params": counts["total"], "params_embedding": counts["embedding"],
-            "params_non_embedding": counts["non_embedding"], "flops_per_token": model.flops_per_token(seq_len),
+            "params_non_embedding": counts["non_embedding"], "params_active": counts["active"],
+            "flops_per_token": model.flops_per_token(seq_len),
             "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(cache_bytes),
             "kv_cache_dtype": "bf16" if precision == "bf16" else "fp32"}
 
@@ -40,11 +41,15 @@ def model_card(model: Transformer, seq_len: int, precision: str) -> dict[str, An
 def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
     m = spec.model
     parts = (f"{spec.attention.kind} attention, {spec.norm.placement}-norm {spec.norm.kind}, {spec.pos.kind} positions, "
-             f"{m.ffn} FFN, {'tied' if m.tie_embeddings else 'untied'} head")
+             f"{m.ffn} FFN, {'tied' if m.tie_embeddings else 'untied'} head"
+             + (f", {m.mtp_heads} MTP heads" if m.mtp_heads else "")
+             + (f", objective {spec.objective.kind}" if spec.objective.kind != "clm" else ""))
     console.out.print(f"model {m.name}: d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads, "
                       f"context {m.max_seq_len}, vocab {spec.vocab_size:,}; {parts}")
     console.out.print(f"  params {card['params'] / 1e6:.2f}M (embedding {card['params_embedding'] / 1e6:.2f}M, "
-                      f"non-embedding {card['params_non_embedding'] / 1e6:.2f}M); "
+                      f"non-embedding {card['params_non_embedding'] / 1e6:.2f}M"
+                      + (f", active {card['params_active'] / 1e6:.2f}M" if card["params_active"] != card["params"] else "")
+                      + "); "
                       f"{card['flops_per_token'] / 1e6:.1f} MFLOPs/token (train); "
                       f"KV cache {card['kv_cache_bytes_per_token']:,} B/token ({card['kv_cache_dtype']})")
 
@@ -67,6 +72,7 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     train_tokens, val_tokens = prepared.tokens("train"), prepared.tokens("val")
     check_length(val_tokens, block, "val")
     sampler = RandomWindows(train_tokens, block, loop.batch_size, job.seed, rank)
+    mask_rng = torch.Generator().manual_seed(job.seed * 1000 + rank)  # MLM masking, on the CPU
 
     model = Transformer(spec).to(device)
     card = model_card(model, block, precision)
@@ -98,9 +104,12 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
 
     def run_eval(step: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
         res = evaluate_loss(model, val_tokens, block, loop.batch_size, device, amp, loop.eval_windows or None)
-        bpb = bits_per_byte(res["loss"], 1, bytes_per_token_val)
-        out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/bpb": bpb}
-        samples = complete_prompts(model, tokenizer, loop.prompts, loop.sample_tokens, device, job.seed)
+        out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
+        if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
+            out["val/bpb"] = bits_per_byte(res["loss"], 1, bytes_per_token_val)
+            samples = complete_prompts(model, tokenizer, loop.prompts, loop.sample_tokens, device, job.seed)
+        else:
+            samples = []
         return out, samples
 
     progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
@@ -115,17 +124,21 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     with progress:
         task = progress.add_task("train", total=loop.steps, status="")
         t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+        extra_acc: dict[str, torch.Tensor] = {}
         for step in range(loop.steps):
             lr = job.optim.lr * schedule(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             for _ in range(loop.grad_accum):
-                x, y = sampler.next()
+                x, y = model.objective.make_batch(sampler.next_window(), model.vocab_size, mask_rng)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with amp:
-                    _, loss, _ = step_model(x, y)
-                (loss / loop.grad_accum).backward()
-                loss_acc += loss.detach()
+                    out = step_model(x, y)
+                (out.loss / loop.grad_accum).backward()
+                loss_acc += out.metrics["loss/main"]
+                for key, value in out.metrics.items():
+                    if key != "loss/main":
+                        extra_acc[key] = extra_acc.get(key, 0.0) + value
                 n_acc += 1
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), loop.grad_clip or float("inf"))
             optimizer.step()
@@ -143,7 +156,8 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                 record = {"step": done, "train/loss": float(loss_acc) / n_acc, "train/lr": lr,
                           "train/grad_norm": float(grad_norm), "train/tokens": tokens_seen,
                           "perf/tokens_per_s": tok_s, "perf/mfu": card["flops_per_token"] * tok_s / peak,
-                          **{f"perf/{k}": v for k, v in memory_stats(device).items()}}
+                          **{f"perf/{k}": v for k, v in memory_stats(device).items()},
+                          **{k: float(v) / n_acc for k, v in extra_acc.items()}}
                 if not math.isfinite(record["train/loss"]):
                     console.out.print(f"step {done}: loss is {record['train/loss']}; stopping", style="red")
                     history.append(record)
@@ -157,6 +171,7 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                 if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar
                     progress.console.print(f"step {done:>6}/{loop.steps}  {status}")
                 t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+                extra_acc = {}
 
             is_last = done == loop.steps
             if (loop.eval_every and done % loop.eval_every == 0) or is_last:
@@ -166,8 +181,9 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                 metrics_file.write(record)
                 logger.log(last_val, done)
                 logger.log_samples(samples, done)
+                bpb = f"  bpb {last_val['val/bpb']:.4f}" if "val/bpb" in last_val else ""
                 progress.console.print(f"step {done:>6}  val loss {last_val['val/loss']:.4f}  "
-                                       f"ppl {last_val['val/ppl']:.2f}  bpb {last_val['val/bpb']:.4f}")
+                                       f"ppl {last_val['val/ppl']:.2f}  acc {last_val['val/accuracy']:.3f}{bpb}")
                 for prompt, text in samples:
                     progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
                 t_window += time.perf_counter() - t_eval  # eval time is not training throughput
@@ -183,6 +199,7 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         "run_dir": str(run_dir), "steps": done, "tokens": tokens_seen, "elapsed_s": round(elapsed, 2),
         "train_loss": train_losses[-1] if train_losses else None,
         "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"), "val_ppl": last_val.get("val/ppl"),
+        "val_accuracy": last_val.get("val/accuracy"), "objective": spec.objective.kind,
         "tokens_per_s": statistics.median(tok_rates) if tok_rates else (history[-1]["perf/tokens_per_s"] if history else None),
         "device": str(device), "precision": precision, "checkpoint": str(ckpt_path) if ckpt_path else None,
         "data": str(prepared.path), **card,
@@ -190,10 +207,10 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     summary["mfu"] = card["flops_per_token"] * (summary["tokens_per_s"] or 0) / peak
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     metrics_file.close()
-    logger.log({"summary/val_bpb": summary["val_bpb"] or float("nan")}, done)
+    logger.log({"summary/val_loss": summary["val_loss"] or float("nan")}, done)
     logger.finish()
-    console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss "
-                      f"{summary['val_loss']:.4f} ({summary['val_bpb']:.3f} bits/byte); "
+    bpb = f" ({summary['val_bpb']:.3f} bits/byte)" if summary["val_bpb"] is not None else ""
+    console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss {summary['val_loss']:.4f}{bpb}; "
                       f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
     console.out.print(f"checkpoint: {ckpt_path}")
     return summary

@@ -47,7 +47,7 @@ class LoopConfig:
 
 
 TOP_LEVEL = {"seed", "device", "precision", "cache_dir", "data", "tokenizer", "model", "attention", "norm", "pos",
-             "optim", "sched", "logger", "train"}
+             "objective", "optim", "sched", "logger", "train"}
 
 
 @dataclass

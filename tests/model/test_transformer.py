@@ -1,7 +1,8 @@
-"""Invariants of the assembled model, for every registered variant (tests loop over the
-registries, so a new variant is covered without editing them)."""
+"""Invariants of the assembled model, for every registered variant. The tests loop over the
+registries, so a new variant is covered without editing them."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -15,7 +16,12 @@ from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import SamplingConfig, generate
 from tests.conftest import tiny_model, tiny_spec
 
-ATTN = {name: {"kind": name, **({"kv_heads": 2} if name == "gqa" else {})} for name in ATTENTION.names()}
+# Small settings per kind, so that windows, groups and latents are really exercised at
+# width 32; a kind not named here is tested with its defaults.
+SMALL = {"gqa": {"kv_heads": 2}, "swa": {"window": 5, "kv_heads": 2},
+         "mla": {"q_rank": 12, "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}}
+ATTN = {name: {"kind": name, **SMALL.get(name, {})} for name in ATTENTION.names()}
+FFN_SMALL = {"moe": {"moe": {"n_experts": 4, "top_k": 2, "shared_experts": 1}}}
 COMBOS = list(itertools.product(ATTENTION.names(), POSITION.names(), BLOCK.names()))
 
 
@@ -24,9 +30,9 @@ def test_forward_backward_finite_and_causal(attn, pos, placement):
     model = tiny_model(attention=ATTN[attn], pos={"kind": pos}, norm={"placement": placement, "kind": "rmsnorm"})
     x = torch.randint(0, 97, (2, 16))
     model.train()
-    logits, loss, _ = model(x, x)
-    loss.backward()
-    assert torch.isfinite(loss)
+    out = model(x, x)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
     model.eval()
@@ -34,34 +40,39 @@ def test_forward_backward_finite_and_causal(attn, pos, placement):
     x2 = x.clone()
     x2[:, t] = (x2[:, t] + 1) % 97  # change one token
     with torch.no_grad():
-        a, _, _ = model(x)
-        b, _, _ = model(x2)
+        a, b = model(x).logits, model(x2).logits
     assert torch.allclose(a[:, :t], b[:, :t], atol=1e-6), "a later token changed earlier logits"
     assert not torch.allclose(a[:, t:], b[:, t:]), "the changed token had no effect at all"
 
 
 @pytest.mark.parametrize("ffn", FFN.names())
 def test_every_ffn_trains(ffn):
-    model = tiny_model(ffn=ffn)
+    model = tiny_model(ffn=ffn, **FFN_SMALL.get(ffn, {}))
     x = torch.randint(0, 97, (2, 8))
     model.train()
-    _, loss, _ = model(x, x)
-    loss.backward()
-    assert torch.isfinite(loss)
+    out = model(x, x)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+
+
+def incremental_logits(model, x, cuts):
+    """Feed x through the cache in the chunks that ``cuts`` mark."""
+    cache = model.new_cache(x.shape[0])
+    bounds = [0, *cuts, x.shape[1]]
+    return torch.cat([model(x[:, a:b], cache=cache).logits for a, b in zip(bounds, bounds[1:])], dim=1)
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
 @pytest.mark.parametrize("pos", POSITION.names())
 def test_cached_decoding_matches_full_forward(attn, pos):
+    """Prefill, then one token at a time, then a chunk after a prefix; 20 positions, so past
+    the SWA window of 5."""
     model = tiny_model(attention=ATTN[attn], pos={"kind": pos})
     x = torch.randint(0, 97, (2, 20))
     with torch.no_grad():
-        full, _, _ = model(x)
-        cache = model.new_cache(2)
-        parts = [model(x[:, :7], cache=cache)[0]]  # prefill
-        parts += [model(x[:, i:i + 1], cache=cache)[0] for i in range(7, 12)]  # one at a time
-        parts.append(model(x[:, 12:], cache=cache)[0])  # a chunk after a prefix
-    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+        full = model(x).logits
+        assert torch.allclose(incremental_logits(model, x, [7, 8, 9, 10, 11, 12]), full, atol=1e-5)
+        assert torch.allclose(incremental_logits(model, x, list(range(1, 20))), full, atol=1e-5)
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
@@ -75,8 +86,9 @@ def test_cached_and_uncached_greedy_generation_agree(attn):
     assert torch.equal(a, b)
 
 
-def test_sampling_with_top_k_1_equals_greedy():
-    model = tiny_model()
+@pytest.mark.parametrize("attn", ATTENTION.names())
+def test_sampling_with_top_k_1_equals_greedy(attn):
+    model = tiny_model(attention=ATTN[attn])
     prompt = torch.randint(0, 97, (1, 4))
     greedy = generate(model, prompt, SamplingConfig(max_new_tokens=15, temperature=0.0))
     top1 = generate(model, prompt, SamplingConfig(max_new_tokens=15, temperature=1.3, top_k=1),
@@ -92,15 +104,49 @@ def test_generation_stops_at_eos():
     assert out.shape[1] == 5  # the eos itself, then stop
 
 
-@pytest.mark.parametrize("named, gqa_kv_heads", [("mha", 4), ("mqa", 1)])
-def test_mha_and_mqa_are_gqa_with_all_or_one_kv_heads(named, gqa_kv_heads):
-    """Given the same weights: gqa with kv_heads = heads is mha; with one kv head it is mqa."""
-    reference = tiny_model(attention={"kind": named})
-    gqa = Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": gqa_kv_heads})).eval()
-    gqa.load_state_dict(reference.state_dict())
-    x = torch.randint(0, 97, (2, 12))
+def same_weights(reference, attention):
+    other = Transformer(tiny_spec(attention=attention)).eval()
+    other.load_state_dict(reference.state_dict())
+    return other
+
+
+@pytest.mark.parametrize("named, equivalent", [
+    ({"kind": "mha"}, {"kind": "gqa", "kv_heads": 4}),
+    ({"kind": "mqa"}, {"kind": "gqa", "kv_heads": 1}),
+    ({"kind": "gqa", "kv_heads": 2}, {"kind": "swa", "kv_heads": 2, "window": 16}),
+    ({"kind": "mha"}, {"kind": "swa", "window": 100}),
+])
+def test_equivalent_attention_kinds_give_the_same_logits(named, equivalent):
+    """With the same weights: gqa with kv_heads = heads is mha, with one kv head it is mqa;
+    swa with a window of at least the sequence length is full causal attention."""
+    reference = tiny_model(attention=named)
+    other = same_weights(reference, equivalent)
+    x = torch.randint(0, 97, (2, 16))
     with torch.no_grad():
-        assert torch.allclose(reference(x)[0], gqa(x)[0], atol=1e-6)
+        assert torch.allclose(reference(x).logits, other(x).logits, atol=1e-6)
+
+
+def test_swa_with_a_short_window_differs_from_full_attention():
+    reference = tiny_model(attention={"kind": "mha"})
+    windowed = same_weights(reference, {"kind": "swa", "window": 4})
+    x = torch.randint(0, 97, (1, 16))
+    with torch.no_grad():
+        a, b = reference(x).logits, windowed(x).logits
+    assert torch.allclose(a[:, :4], b[:, :4], atol=1e-6)  # nothing to cut off yet
+    assert not torch.allclose(a[:, 4:], b[:, 4:], atol=1e-4)
+
+
+def test_swa_cache_stays_bounded():
+    model = tiny_model(attention={"kind": "swa", "window": 5}, max_seq_len=64)
+    cache = model.new_cache(1)
+    at_start = cache.nbytes()
+    x = torch.randint(0, 97, (1, 40))
+    with torch.no_grad():
+        for i in range(40):
+            model(x[:, i:i + 1], cache=cache)
+    assert cache.nbytes() == at_start  # 40 tokens in, still 5 positions held
+    # per layer: K and V of (B=1, H=4, window=5, Dh=8) fp32, plus one int64 position per slot
+    assert at_start == 2 * (2 * 1 * 4 * 5 * 8 * 4 + 5 * 8)
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
@@ -108,13 +154,41 @@ def test_sdpa_path_equals_math_path(attn):
     model = tiny_model(attention=ATTN[attn])
     x = torch.randint(0, 97, (2, 16))
     with torch.no_grad():
-        fast, _, none = model(x)
-        slow, _, weights = model(x, need_weights=True)
-    assert none is None
-    assert torch.allclose(fast, slow, atol=1e-5)
-    assert len(weights) == 2 and weights[0].shape == (2, 4, 16, 16)
-    assert torch.allclose(weights[0].sum(-1), torch.ones(2, 4, 16))
-    assert torch.all(weights[0].triu(1) == 0)  # causal
+        fast = model(x)
+        slow = model(x, need_weights=True)
+    assert fast.weights is None
+    assert torch.allclose(fast.logits, slow.logits, atol=1e-5)
+    w = slow.weights[0]
+    assert len(slow.weights) == 2 and w.shape == (2, 4, 16, 16)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 16), atol=1e-6)
+    assert torch.all(w.triu(1) == 0)  # causal
+
+
+def test_mla_absorbed_decode_equals_plain():
+    absorbed = tiny_model(attention={**ATTN["mla"], "absorb": True})
+    plain = same_weights(absorbed, {**ATTN["mla"], "absorb": False})
+    x = torch.randint(0, 97, (2, 18))
+    with torch.no_grad():
+        a = incremental_logits(absorbed, x, [6, 7, 8, 12])
+        b = incremental_logits(plain, x, [6, 7, 8, 12])
+        full = absorbed(x).logits
+    assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(a, full, atol=1e-5)
+
+
+def test_mla_caches_only_the_latent_and_one_rotary_key():
+    model = tiny_model(attention=ATTN["mla"])
+    cache = model.new_cache(1, 10)
+    layer = cache.layers[0]
+    assert layer.latent.shape == (1, 10, 16) and layer.k_rope.shape == (1, 1, 10, 4)
+    assert model.kv_cache_bytes_per_token(4) == 2 * (16 + 4) * 4
+
+
+def test_default_mla_cache_is_at_most_a_quarter_of_mha():
+    for d_model, heads in ((256, 4), (512, 8)):
+        mha = Transformer(tiny_spec(attention={"kind": "mha"}, d_model=d_model, n_heads=heads))
+        mla = Transformer(tiny_spec(attention={"kind": "mla"}, d_model=d_model, n_heads=heads))
+        assert mla.kv_cache_bytes_per_token(2) <= 0.25 * mha.kv_cache_bytes_per_token(2)
 
 
 def test_loss_falls_when_overfitting_one_batch():
@@ -124,7 +198,7 @@ def test_loss_falls_when_overfitting_one_batch():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(60):
-        _, loss, _ = model(x[:, :-1], x[:, 1:])
+        loss = model(x[:, :-1], x[:, 1:]).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -154,7 +228,7 @@ def test_model_card_numbers():
     model = tiny_model(vocab_size=97)  # padded to 128, d 32, 2 layers, 4 heads of 8
     counts = model.param_counts()
     assert counts["embedding"] == 128 * 32
-    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["total"] == counts["active"] == sum(p.numel() for p in model.parameters())
     # MHA caches K and V: 2 * heads * head_dim per layer
     assert model.kv_cache_bytes_per_token(4) == 2 * 2 * 32 * 4
     gqa = tiny_model(attention={"kind": "gqa", "kv_heads": 2})
@@ -163,10 +237,46 @@ def test_model_card_numbers():
     assert model.flops_per_token(32) == 6 * n + 2 * 6 * 4 * 32 * (8 + 8)
 
 
+def test_mtp_heads_leave_the_main_loss_alone_and_log_each_head():
+    torch.manual_seed(0)
+    base = tiny_model(seed=3)
+    mtp = Transformer(tiny_spec(mtp_heads=2, mtp_weight=0.5)).eval()
+    mtp.load_state_dict(base.state_dict(), strict=False)  # same trunk; MTP heads are extra
+    x = torch.randint(0, 97, (2, 17))
+    with torch.no_grad():
+        a = base(x[:, :-1], x[:, 1:])
+        b = mtp(x[:, :-1], x[:, 1:])
+    assert torch.allclose(a.logits, b.logits) and torch.allclose(a.loss, b.metrics["loss/main"])
+    assert set(b.metrics) == {"loss/main", "mtp/loss_1", "mtp/loss_2"}
+    expected = b.metrics["loss/main"] + 0.5 * (b.metrics["mtp/loss_1"] + b.metrics["mtp/loss_2"]) / 2
+    assert torch.allclose(b.loss, expected)
+    assert a.metrics == {"loss/main": a.loss}
+
+
+def test_mtp_head_k_predicts_k_tokens_further():
+    """Train only the MTP heads on a sequence where token t+2 = token t + 2 (mod V): the
+    first MTP head (predicting t+2) should learn it."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_spec(mtp_heads=1, mtp_weight=1.0)).train()
+    start = torch.randint(0, 97, (8, 1))
+    x = (start + torch.arange(33)) % 97
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(80):
+        out = model(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    assert out.metrics["mtp/loss_1"] < 1.0
+
+
 def test_impossible_shapes_are_config_errors():
     with pytest.raises(ConfigError, match=r"^attention.kv_heads: 3 does not divide model.n_heads=4$"):
         Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": 3}))
     with pytest.raises(ConfigError, match=r"^model.n_heads: 5 does not divide model.d_model=32$"):
         tiny_spec(n_heads=5)
-    with pytest.raises(ConfigError, match=r"^model.ffn: unknown model.ffn 'relu3'; allowed: gelu, relu2, swiglu$"):
+    with pytest.raises(ConfigError, match=r"^model.ffn: unknown model.ffn 'relu3'; allowed: gelu, moe, relu2, swiglu$"):
         tiny_spec(ffn="relu3")
+    with pytest.raises(ConfigError, match=r"^attention.window: must be >= 1, got 0$"):
+        tiny_spec(attention={"kind": "swa", "window": 0})
+    with pytest.raises(ConfigError, match=r"^model.moe.top_k: must be in \[1, model.moe.n_experts=2\], got 3$"):
+        tiny_spec(ffn="moe", moe={"n_experts": 2, "top_k": 3})
