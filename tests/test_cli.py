@@ -180,3 +180,16 @@ def test_multirun_sweep(trained):
         assert f"optim.lr={lr}" in (root / "outputs" / "sweep" / d / ".hydra" / "overrides.yaml").read_text()
         assert json.loads((root / "outputs" / "sweep" / d / "summary.json").read_text())["steps"] == 2
     assert "[/" not in r.stderr  # user paths with brackets print as text
+
+
+def test_mlm_checkpoint_is_refused_by_sample_and_scored_by_eval(trained):
+    root, _ = trained
+    r = run_cli("train", "model=bert", "data=text", f"data.paths=[{root}/corpus/*]", *TINY, "train.steps=2",
+                "hydra.run.dir=outputs/bert", cwd=root)
+    assert r.returncode == 0, r.stderr
+    one_line_error(run_cli("sample", "ckpt=outputs/bert", cwd=root), 1, "objective=mlm", "objective=clm")
+    e = run_cli("eval", "ckpt=outputs/bert", "hydra.run.dir=outputs/bert-eval", cwd=root)
+    assert e.returncode == 0, e.stderr
+    res = json.loads((root / "outputs" / "bert-eval" / "eval.json").read_text())
+    assert res["objective"] == "mlm" and res["bpb"] is None and 0 <= res["accuracy"] <= 1
+    assert "masked accuracy" in e.stdout

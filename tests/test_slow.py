@@ -23,3 +23,27 @@ def test_default_model_learns_the_stdlib(tmp_path):
     s = run_cli("sample", "ckpt=run", "prompt=def", "max_new_tokens=20", "temperature=0", cwd=tmp_path)
     assert s.returncode == 0, s.stderr
     assert s.stdout.startswith("def") and len(s.stdout) > len("def\n")
+
+
+def _presets():
+    from pathlib import Path
+
+    from llmlab.cli import conf_dir
+    return sorted(p.stem for p in (Path(conf_dir()) / "model").glob("*.yaml"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", _presets())
+def test_every_preset_trains_from_the_cli(tmp_path, preset):
+    """20 steps of each preset on a byte-level corpus: the training loss falls."""
+    from tests.conftest import SAMPLE_TEXTS
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(SAMPLE_TEXTS.values()) * 8)
+    r = run_cli("train", f"model={preset}", "data=text", f"data.paths={corpus}", "tokenizer=byte", "logger=none",
+                "model.max_seq_len=64", "train.steps=20", "train.batch_size=8", "train.log_every=5",
+                "train.eval_every=0", "train.eval_windows=4", "train.sample_tokens=4", "optim.lr=3e-3",
+                "sched.warmup=5", "hydra.run.dir=run", cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr
+    losses = [json.loads(line)["train/loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if "train/loss" in line]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.5, losses
