@@ -51,7 +51,8 @@ def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
                       + (f", active {card['params_active'] / 1e6:.2f}M" if card["params_active"] != card["params"] else "")
                       + "); "
                       f"{card['flops_per_token'] / 1e6:.1f} MFLOPs/token (train); "
-                      f"KV cache {card['kv_cache_bytes_per_token']:,} B/token ({card['kv_cache_dtype']})")
+                      f"KV cache {card['kv_cache_bytes_per_token']:,} B/token ({card['kv_cache_dtype']})"
+                      + (f", at most {spec.attention.window} positions" if hasattr(spec.attention, "window") else ""))
 
 
 def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:

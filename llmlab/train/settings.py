@@ -78,15 +78,16 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     seed = cfg.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"seed: expected an integer, got {seed!r}")
+    tokenizer = TOKENIZER.config(cfg.get("tokenizer"), "tokenizer")
     job = TrainJob(
         seed=seed,
         device=str(cfg.get("device", "auto")),
         precision=precision,
         cache_dir=cfg.get("cache_dir"),
         data=CORPUS.config(cfg.get("data"), "data"),
-        tokenizer=TOKENIZER.config(cfg.get("tokenizer"), "tokenizer"),
-        spec=ModelSpec.from_config(cfg, vocab_size=getattr(TOKENIZER.config(cfg.get("tokenizer"), "tokenizer"),
-                                                            "vocab_size", 257)),
+        tokenizer=tokenizer,
+        # the real vocabulary is known after tokenizing; the configured size stands in for the checks
+        spec=ModelSpec.from_config(cfg, vocab_size=getattr(tokenizer, "vocab_size", 257)),
         optim=OPTIMIZER.config(cfg.get("optim"), "optim"),
         sched=SCHEDULE.config(cfg.get("sched"), "sched"),
         logger=LOGGER.config(cfg.get("logger"), "logger"),
