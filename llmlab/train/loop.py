@@ -127,9 +127,10 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
         extra_acc: dict[str, torch.Tensor] = {}
         for step in range(loop.steps):
-            lr = job.optim.lr * schedule(step)
+            multiplier = schedule(step)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = group["base_lr"] * multiplier
+            lr = job.optim.lr * multiplier
             for _ in range(loop.grad_accum):
                 x, y = model.objective.make_batch(sampler.next_window(), model.vocab_size, mask_rng)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -62,5 +62,165 @@ class AdamW:
                                  fused=fused, foreach=None if fused else True)
 
 
-def build_optimizer(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    return OPTIMIZER.get(cfg.kind).create(cfg, model, device)
+@OPTIMIZER.register("sgd")
+class SGD:
+    """Stochastic gradient descent with (Nesterov) momentum; decay as for AdamW."""
+
+    @dataclass
+    class Config:
+        kind: str = "sgd"
+        lr: float = 0.1
+        momentum: float = 0.9
+        nesterov: bool = True
+        weight_decay: float = 0.0
+        decay_embeddings: bool = False
+
+        def check(self, prefix: str) -> None:
+            if not self.lr > 0:
+                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
+            if not 0 <= self.momentum < 1:
+                raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
+            if self.nesterov and self.momentum == 0:
+                raise ConfigError(f"{prefix}.nesterov: needs {prefix}.momentum > 0")
+
+    @staticmethod
+    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+        groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+class LionOptimizer(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2):
+    the update is the sign of an interpolation of momentum and gradient, so every coordinate
+    moves by lr; weight decay is decoupled. torch has no Lion of its own."""
+
+    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0):
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * beta1 + p.grad * (1 - beta1)), alpha=-group["lr"])
+                m.lerp_(p.grad, 1 - beta2)
+        return loss
+
+
+@OPTIMIZER.register("lion")
+class Lion:
+    """Lion: use about 3-10x smaller lr and larger weight decay than AdamW (paper, section 5)."""
+
+    @dataclass
+    class Config:
+        kind: str = "lion"
+        lr: float = 3e-4
+        beta1: float = 0.9
+        beta2: float = 0.99
+        weight_decay: float = 1.0
+        decay_embeddings: bool = False
+
+        def check(self, prefix: str) -> None:
+            if not self.lr > 0:
+                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
+            for key in ("beta1", "beta2"):
+                if not 0 <= getattr(self, key) < 1:
+                    raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(self, key)}")
+
+    @staticmethod
+    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+        groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+        return LionOptimizer(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+class OptimizerGroup:
+    """Several optimizers stepped as one (Muon for hidden matrices, AdamW for the rest)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers for g in opt.param_groups]
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for opt, s in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(s)
+
+
+@OPTIMIZER.register("muon")
+class Muon:
+    """Muon (Jordan et al. 2024): momentum orthogonalised by Newton-Schulz iterations, for the
+    2-D weight matrices inside the blocks; embeddings, the LM head, norms and biases use AdamW
+    (``adamw_lr``), as Muon's authors recommend. Needs a torch with ``torch.optim.Muon``."""
+
+    @dataclass
+    class Config:
+        kind: str = "muon"
+        lr: float = 0.02
+        momentum: float = 0.95
+        nesterov: bool = True
+        weight_decay: float = 0.0
+        adjust_lr: str | None = "match_rms_adamw"  # scale updates so one lr suits every shape
+        adamw_lr: float = 3e-3
+        adamw_beta1: float = 0.9
+        adamw_beta2: float = 0.95
+        adamw_weight_decay: float = 0.1
+
+        def check(self, prefix: str) -> None:
+            if not self.lr > 0 or not self.adamw_lr > 0:
+                raise ConfigError(f"{prefix}.lr and {prefix}.adamw_lr: must be > 0")
+            if self.adjust_lr not in (None, "original", "match_rms_adamw"):
+                raise ConfigError(f"{prefix}.adjust_lr: unknown '{self.adjust_lr}'; allowed: null, original, "
+                                  "match_rms_adamw")
+            if not hasattr(torch.optim, "Muon"):
+                raise ConfigError(f"{prefix}: optim=muon needs torch.optim.Muon (torch >= 2.9); this torch is "
+                                  f"{torch.__version__}; use optim=adamw or upgrade torch")
+
+    @staticmethod
+    def create(cfg, model: nn.Module, device: torch.device) -> OptimizerGroup:
+        blocks = getattr(model, "blocks", None)
+        hidden = {id(p) for p in (blocks.parameters() if blocks is not None else []) if p.dim() == 2}
+        seen: set[int] = set()
+        matrices, rest = [], []
+        for p in model.parameters():
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            (matrices if id(p) in hidden else rest).append(p)
+        muon = torch.optim.Muon(matrices, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                                weight_decay=cfg.weight_decay, adjust_lr_fn=cfg.adjust_lr)
+        rest_ids = {id(p) for p in rest}
+        groups = [{"params": [p for p in g["params"] if id(p) in rest_ids], "weight_decay": g["weight_decay"]}
+                  for g in param_groups(model, cfg.adamw_weight_decay)]
+        adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.adamw_lr,
+                                  betas=(cfg.adamw_beta1, cfg.adamw_beta2))
+        return OptimizerGroup([muon, adamw])
+
+
+def build_optimizer(cfg, model: nn.Module, device: torch.device):
+    """The optimizer the config names; every param group remembers its peak lr as ``base_lr``
+    for the schedule to scale."""
+    opt = OPTIMIZER.get(cfg.kind).create(cfg, model, device)
+    for group in opt.param_groups:
+        group["base_lr"] = group["lr"]
+    return opt

@@ -64,3 +64,57 @@ class Constant(Schedule):
 
     def after_warmup(self, progress: float) -> float:
         return 1.0
+
+
+@SCHEDULE.register("linear")
+class Linear(Schedule):
+    """Linear decay to ``min_lr_ratio`` of the peak."""
+
+    @dataclass
+    class Config(Schedule.Config):
+        kind: str = "linear"
+        min_lr_ratio: float = 0.0
+
+        def check(self, prefix: str) -> None:
+            super().check(prefix)
+            if not 0 <= self.min_lr_ratio <= 1:
+                raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+
+    def after_warmup(self, progress: float) -> float:
+        return 1 - (1 - self.cfg.min_lr_ratio) * progress
+
+
+@SCHEDULE.register("wsd")
+class WarmupStableDecay(Schedule):
+    """Warmup-stable-decay (Hu et al. 2024, MiniCPM, section 4): hold the peak, then cool down
+    over the last ``decay_fraction`` of training, linearly or along a cosine, to
+    ``min_lr_ratio``."""
+
+    @dataclass
+    class Config(Schedule.Config):
+        kind: str = "wsd"
+        decay_fraction: float = 0.2
+        cooldown: str = "linear"  # linear | cosine
+        min_lr_ratio: float = 0.0
+
+        def check(self, prefix: str) -> None:
+            super().check(prefix)
+            if not 0 < self.decay_fraction <= 1:
+                raise ConfigError(f"{prefix}.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
+            if self.cooldown not in ("linear", "cosine"):
+                raise ConfigError(f"{prefix}.cooldown: unknown '{self.cooldown}'; allowed: linear, cosine")
+            if not 0 <= self.min_lr_ratio <= 1:
+                raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        decay_steps = max(1, round(self.cfg.decay_fraction * self.total))
+        decay_start = self.total - decay_steps
+        if step < decay_start:
+            return 1.0
+        progress = min(1.0, (step - decay_start + 1) / decay_steps)
+        r = self.cfg.min_lr_ratio
+        if self.cfg.cooldown == "cosine":
+            return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1 - (1 - r) * progress

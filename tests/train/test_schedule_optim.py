@@ -38,3 +38,86 @@ def test_adamw_builds_with_the_settings():
     opt = build_optimizer(cfg, tiny_model(), torch.device("cpu"))
     assert isinstance(opt, torch.optim.AdamW)
     assert opt.param_groups[0]["betas"] == (0.9, 0.99) and opt.param_groups[0]["weight_decay"] == 0.1
+
+
+def sched(**cfg):
+    return SCHEDULE.build(SCHEDULE.config(cfg, "sched"), 100)
+
+
+def test_linear_decays_to_the_floor():
+    s = sched(kind="linear", warmup=10, min_lr_ratio=0.2)
+    assert s(9) == pytest.approx(1.0)
+    assert s(10) == pytest.approx(1.0)
+    assert s(55) == pytest.approx(0.6)  # half-way from 1 to 0.2
+    assert s(99) == pytest.approx(0.2 + 0.8 / 90, abs=1e-9)
+
+
+@pytest.mark.parametrize("cooldown, mid", [("linear", 0.5), ("cosine", 0.5)])
+def test_wsd_holds_then_cools_down(cooldown, mid):
+    s = sched(kind="wsd", warmup=10, decay_fraction=0.2, cooldown=cooldown, min_lr_ratio=0.0)
+    assert s(0) == pytest.approx(0.1)
+    assert all(s(i) == 1.0 for i in range(10, 80))  # stable until the last 20 steps
+    assert s(89) == pytest.approx(mid)  # half of the cool-down done
+    assert s(99) == pytest.approx(0.0, abs=1e-9)
+    values = [s(i) for i in range(80, 100)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+
+
+def test_schedule_config_errors_name_the_key():
+    from llmlab.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^sched.cooldown: unknown 'step'; allowed: linear, cosine$"):
+        sched(kind="wsd", cooldown="step")
+    with pytest.raises(ConfigError, match=r"^sched.decay_fraction: must be in \(0, 1\]"):
+        sched(kind="wsd", decay_fraction=0)
+
+
+@pytest.mark.parametrize("kind", OPTIMIZER.names())
+def test_every_optimizer_lowers_the_loss(kind):
+    torch.manual_seed(0)
+    model = tiny_model().train()
+    lrs = {"sgd": 0.1, "lion": 1e-3, "adamw": 3e-3, "muon": 0.02}
+    opt = build_optimizer(OPTIMIZER.config({"kind": kind, "lr": lrs.get(kind, 1e-3)}, "optim"), model,
+                          torch.device("cpu"))
+    assert all("base_lr" in g for g in opt.param_groups)
+    x = torch.randint(0, 97, (4, 17))
+    first = None
+    for _ in range(60):
+        loss = model(x[:, :-1], x[:, 1:]).loss
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first - 0.5, (kind, first, loss.item())
+    state = opt.state_dict()
+    opt.load_state_dict(state)  # round-trips for checkpoints
+
+
+def test_lion_step_is_the_sign_of_the_interpolated_momentum():
+    from llmlab.train.optim import LionOptimizer
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    opt = LionOptimizer([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.5)
+    p.grad = torch.tensor([0.3, -0.1, 0.0])
+    opt.step()
+    # m = 0: update = sign(0.1 * g) -> [1, -1, 0]; p <- p * (1 - lr wd) - lr * update
+    assert torch.allclose(p.detach(), torch.tensor([1.0, -2.0, 3.0]) * 0.95 - 0.1 * torch.tensor([1.0, -1.0, 0.0]))
+    assert torch.allclose(opt.state[p]["exp_avg"], 0.01 * torch.tensor([0.3, -0.1, 0.0]))
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = tiny_model()
+    opt = build_optimizer(OPTIMIZER.config({"kind": "muon"}, "optim"), model, torch.device("cpu"))
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    muon_params = {id(p) for g in muon.param_groups for p in g["params"]}
+    assert id(model.embed.weight) not in muon_params
+    assert id(model.blocks[0].attn.q_proj.weight) in muon_params
+    assert id(model.blocks[0].attn_norm.weight) not in muon_params
+    n_all = len({id(p) for p in model.parameters()})
+    assert len(muon_params) + sum(len(g["params"]) for g in adamw.param_groups) == n_all
+
+
+def test_muon_without_torch_support_is_a_clear_error(monkeypatch):
+    from llmlab.errors import ConfigError
+    monkeypatch.delattr(torch.optim, "Muon", raising=False)
+    with pytest.raises(ConfigError, match=r"^optim: optim=muon needs torch.optim.Muon"):
+        OPTIMIZER.config({"kind": "muon"}, "optim")
