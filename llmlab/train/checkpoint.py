@@ -103,6 +103,12 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
 
 
+def latest_in_run(run_dir: Path) -> Path | None:
+    """The latest complete checkpoint of one run directory, or None."""
+    found = list_checkpoints(Path(run_dir) / "checkpoints")
+    return found[-1] if found else None
+
+
 def latest_run_checkpoint(outputs: Path) -> Path:
     """``ckpt=latest``: the newest checkpoint of any run under ``outputs/`` (sweeps included)."""
     found = [c for c in Path(outputs).glob("**/checkpoints/step_*") if (c / "model.safetensors").is_file()]

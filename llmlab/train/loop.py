@@ -16,10 +16,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_length
 from llmlab.data.prepare import prepare
+from llmlab.errors import UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, generate
-from llmlab.train.checkpoint import save_checkpoint
+from llmlab.train.checkpoint import latest_in_run, load_checkpoint, load_weights, save_checkpoint
 from llmlab.train.device import autocast, memory_stats, resolve_device, resolve_precision, synchronize
 from llmlab.train.loggers import LOGGER, JsonlWriter, SafeLogger
 from llmlab.train.mfu import device_peak_flops
@@ -100,7 +101,8 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
             run_dir / "checkpoints", step, model, spec.to_dict(), cfg, prepared.path / "tokenizer.json",
             state={**state, "data_rng": sampler.state(), "data_key": prepared.meta["key"],
                    "eos": prepared.meta["eos"], "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
-            trainer_state={"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+            trainer_state={"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                           "mask_rng": mask_rng.get_state()},
             keep=loop.keep_checkpoints)
 
     def run_eval(step: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
@@ -118,15 +120,40 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     history: list[dict[str, float]] = []
     tok_rates: list[float] = []
     t_start = time.perf_counter()
-    tokens_seen = 0
+    tokens_seen, start_step = 0, 0
     last_val: dict[str, float] = {}
     ckpt_path = None
+    resume_from = latest_in_run(run_dir) if loop.resume == "auto" else loop.resume
+    if resume_from:
+        # everything that decides the next step: weights, optimizer, RNGs, data position
+        try:
+            ckpt = load_checkpoint(resume_from)
+        except UserError as e:
+            raise UserError(f"train.resume: {str(e).removeprefix('ckpt: ')}") from e
+        load_weights(model, ckpt.weights, ckpt.path)
+        trainer = ckpt.trainer_state() or {}
+        if "optimizer" in trainer:
+            optimizer.load_state_dict(trainer["optimizer"])
+        if "torch_rng" in trainer:
+            torch.set_rng_state(trainer["torch_rng"])
+        if "mask_rng" in trainer:
+            mask_rng.set_state(trainer["mask_rng"])
+        sampler.load_state(ckpt.state["data_rng"])
+        start_step, tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
+        last_val = ckpt.state.get("val") or {}
+        console.out.print(f"resumed from {ckpt.path} at step {start_step}")
+        if start_step >= loop.steps and (run_dir / "summary.json").is_file():
+            console.out.print(f"{run_dir} finished all {loop.steps} steps already; nothing to do")
+            metrics_file.close()
+            logger.finish()
+            return json.loads((run_dir / "summary.json").read_text())
+    done = start_step
     model.train()
     with progress:
-        task = progress.add_task("train", total=loop.steps, status="")
+        task = progress.add_task("train", total=loop.steps, status="", completed=start_step)
         t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
         extra_acc: dict[str, torch.Tensor] = {}
-        for step in range(loop.steps):
+        for step in range(start_step, loop.steps):
             multiplier = schedule(step)
             for group in optimizer.param_groups:
                 group["lr"] = group["base_lr"] * multiplier
@@ -207,12 +234,14 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         "data": str(prepared.path), **card,
     }
     summary["mfu"] = card["flops_per_token"] * (summary["tokens_per_s"] or 0) / peak
+    summary["tokens_per_s"] = summary["tokens_per_s"] or 0.0
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     metrics_file.close()
     logger.log({"summary/val_loss": summary["val_loss"] or float("nan")}, done)
     logger.finish()
     bpb = f" ({summary['val_bpb']:.3f} bits/byte)" if summary["val_bpb"] is not None else ""
-    console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss {summary['val_loss']:.4f}{bpb}; "
+    val = f"{summary['val_loss']:.4f}" if summary["val_loss"] is not None else "n/a"
+    console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss {val}{bpb}; "
                       f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
     console.out.print(f"checkpoint: {ckpt_path}")
     return summary

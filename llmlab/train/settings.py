@@ -34,6 +34,7 @@ class LoopConfig:
     compile: bool = False
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
     sample_tokens: int = 48
+    resume: str | None = "auto"  # auto: this run dir's latest checkpoint if any; a path; null: start fresh
 
     def check(self, prefix: str) -> None:
         for key in ("steps", "batch_size", "grad_accum", "log_every"):

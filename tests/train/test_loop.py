@@ -42,3 +42,31 @@ def test_grad_accumulation_counts_every_micro_batch(corpus_dir, tmp_path):
     assert summary["tokens"] == 3 * 2 * 2 * 32
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/tokens"] for r in records if "train/loss" in r] == [128, 256, 384]
+
+
+def test_resume_continues_the_same_loss_curve(corpus_dir, tmp_path):
+    """40 steps straight, against 20 steps + resume from the step-20 checkpoint + 20 steps:
+    every logged loss is identical."""
+    straight = config(corpus_dir, tmp_path, steps=40, log_every=1, eval_every=20, ckpt_every=20, keep_checkpoints=5)
+    run_training(straight, tmp_path / "straight")
+    resumed = config(corpus_dir, tmp_path, steps=40, log_every=1, eval_every=20, ckpt_every=20,
+                     resume=str(tmp_path / "straight" / "checkpoints" / "step_000020"))
+    summary = run_training(resumed, tmp_path / "resumed")
+
+    def losses(run):
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+    a, b = losses("straight"), losses("resumed")
+    assert sorted(b) == list(range(21, 41))
+    assert [a[s] for s in range(21, 41)] == [b[s] for s in range(21, 41)]
+    assert summary["tokens"] == 40 * 8 * 32
+
+
+def test_resume_auto_picks_up_the_run_dir(corpus_dir, tmp_path):
+    cfg = config(corpus_dir, tmp_path, steps=6, log_every=1, eval_every=0, ckpt_every=3)
+    run_training(cfg, tmp_path / "run")
+    again = run_training(cfg, tmp_path / "run")  # the same run started again: nothing left to do
+    assert again["steps"] == 6
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
