@@ -193,3 +193,32 @@ def test_mlm_checkpoint_is_refused_by_sample_and_scored_by_eval(trained):
     res = json.loads((root / "outputs" / "bert-eval" / "eval.json").read_text())
     assert res["objective"] == "mlm" and res["bpb"] is None and 0 <= res["accuracy"] <= 1
     assert "masked accuracy" in e.stdout
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, SAMPLE_TEXTS
+    (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
+    env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "llmlab", "train", "data=text", f"data.paths={tmp_path}/c.txt", *TINY,
+           "train.steps=100000", "train.ckpt_every=0", "train.eval_every=0", "hydra.run.dir=run"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert f"stopped by {sig}" in out and "hydra.run.dir=" in out
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert len(ckpts) == 1 and ckpts[0].startswith("step_")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["steps"] == int(ckpts[0].split("_")[1])

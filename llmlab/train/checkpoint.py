@@ -71,9 +71,25 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, spec_dic
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep:
-        for old in list_checkpoints(ckpt_root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        found = list_checkpoints(ckpt_root)
+        best = best_checkpoint(ckpt_root)
+        for old in found[:-keep]:
+            if old != best:  # the last `keep` and the best by validation loss stay
+                shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def best_checkpoint(ckpt_root: Path) -> Path | None:
+    """The checkpoint whose state records the lowest validation loss, if any recorded one."""
+    scored = []
+    for path in list_checkpoints(ckpt_root):
+        try:
+            val = json.loads((path / "state.json").read_text()).get("val") or {}
+        except (OSError, ValueError):
+            continue
+        if "val/loss" in val:
+            scored.append((val["val/loss"], path))
+    return min(scored)[1] if scored else None
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:

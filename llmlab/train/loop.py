@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,7 +22,7 @@ from llmlab.errors import UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, generate
-from llmlab.train.checkpoint import latest_in_run, load_checkpoint, load_weights, save_checkpoint
+from llmlab.train.checkpoint import best_checkpoint, latest_in_run, load_checkpoint, load_weights, save_checkpoint
 from llmlab.train.device import autocast, memory_stats, resolve_device, resolve_precision, synchronize
 from llmlab.train.loggers import LOGGER, JsonlWriter, SafeLogger
 from llmlab.train.mfu import device_peak_flops
@@ -148,8 +150,9 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
             logger.finish()
             return json.loads((run_dir / "summary.json").read_text())
     done = start_step
+    stop = StopRequest()
     model.train()
-    with progress:
+    with progress, stop:
         task = progress.add_task("train", total=loop.steps, status="", completed=start_step)
         t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
         extra_acc: dict[str, torch.Tensor] = {}
@@ -187,10 +190,7 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                           "perf/tokens_per_s": tok_s, "perf/mfu": card["flops_per_token"] * tok_s / peak,
                           **{f"perf/{k}": v for k, v in memory_stats(device).items()},
                           **{k: float(v) / n_acc for k, v in extra_acc.items()}}
-                if not math.isfinite(record["train/loss"]):
-                    console.out.print(f"step {done}: loss is {record['train/loss']}; stopping", style="red")
-                    history.append(record)
-                    break
+                check_finite(record["train/loss"], done, ckpt_path)
                 history.append(record)
                 metrics_file.write(record)
                 logger.log({k: v for k, v in record.items() if k != "step"}, done)
@@ -216,11 +216,17 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                 for prompt, text in samples:
                     progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
                 t_window += time.perf_counter() - t_eval  # eval time is not training throughput
-            if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last:
+            if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last or stop.requested:
+                check_finite(float(out.metrics["loss/main"]), done, ckpt_path)  # never save a diverged model
                 t_ckpt = time.perf_counter()
                 ckpt_path = save(done, {"tokens_seen": tokens_seen, "val": last_val})
                 t_window += time.perf_counter() - t_ckpt
             progress.update(task, completed=done)
+            if stop.requested:
+                progress.console.print(
+                    f"stopped by {stop.requested} after step {done}; checkpoint {ckpt_path}. To continue, run the "
+                    f"same command with hydra.run.dir={run_dir} (or train.resume={ckpt_path})", style="yellow")
+                break
 
     elapsed = time.perf_counter() - t_start
     train_losses = [h["train/loss"] for h in history if "train/loss" in h]
@@ -229,6 +235,10 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
         "train_loss": train_losses[-1] if train_losses else None,
         "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"), "val_ppl": last_val.get("val/ppl"),
         "val_accuracy": last_val.get("val/accuracy"), "objective": spec.objective.kind,
+        "best_checkpoint": str(best_checkpoint(run_dir / "checkpoints") or ckpt_path),
+        "best_val_loss": min([h["val/loss"] for h in history if "val/loss" in h] + (
+            [last_val["val/loss"]] if "val/loss" in last_val else []), default=None),
+        "interrupted": bool(stop.requested),
         "tokens_per_s": statistics.median(tok_rates) if tok_rates else (history[-1]["perf/tokens_per_s"] if history else None),
         "device": str(device), "precision": precision, "checkpoint": str(ckpt_path) if ckpt_path else None,
         "data": str(prepared.path), **card,
@@ -245,6 +255,39 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                       f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
     console.out.print(f"checkpoint: {ckpt_path}")
     return summary
+
+
+class StopRequest:
+    """SIGINT / SIGTERM ask the loop to finish its step, save a checkpoint and stop; a second
+    SIGINT interrupts at once. Handlers are installed only in the main thread."""
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        console.err.print(f"{self.requested}: finishing this step, then saving a checkpoint "
+                          "(press ^C again to stop at once)", style="yellow")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def check_finite(loss: float, step: int, last_good) -> None:
+    if not math.isfinite(loss):
+        raise UserError(f"training diverged: the loss is {loss} at step {step}; nothing was saved after it. "
+                        f"Last good checkpoint: {last_good or 'none'}. Try a lower optim.lr or train.grad_clip")
 
 
 def complete_prompts(model: Transformer, tokenizer, prompts: list[str], n_tokens: int, device: torch.device,

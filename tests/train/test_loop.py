@@ -70,3 +70,29 @@ def test_resume_auto_picks_up_the_run_dir(corpus_dir, tmp_path):
     assert again["steps"] == 6
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_diverging_run_stops_without_saving(corpus_dir, tmp_path):
+    from llmlab.errors import UserError
+    cfg = config(corpus_dir, tmp_path, steps=30, log_every=1, eval_every=0, ckpt_every=5)
+    cfg["optim"]["lr"] = 1e6  # certain to blow up
+    cfg["train"]["grad_clip"] = 0.0
+    with pytest.raises(UserError, match=r"^training diverged: the loss is (nan|inf)"):
+        run_training(cfg, tmp_path / "run")
+    import torch
+    from llmlab.train.checkpoint import list_checkpoints, load_checkpoint
+    for ckpt in list_checkpoints(tmp_path / "run" / "checkpoints"):
+        assert all(torch.isfinite(t).all() for t in load_checkpoint(ckpt).weights.values())
+
+
+def test_pruning_keeps_the_best_checkpoint(corpus_dir, tmp_path):
+    from llmlab.train.checkpoint import list_checkpoints
+    cfg = config(corpus_dir, tmp_path, steps=40, log_every=5, eval_every=10, ckpt_every=10, keep_checkpoints=1)
+    cfg["optim"]["lr"] = 3e-2  # overfits: validation loss rises after a while
+    summary = run_training(cfg, tmp_path / "run")
+    kept = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert kept[-1].name == "step_000040"
+    assert summary["best_checkpoint"] in {str(p) for p in kept}
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if "val/loss" in line]
+    assert summary["best_val_loss"] == min(e["val/loss"] for e in evals)
