@@ -8,7 +8,7 @@ import torch
 
 from llmlab.errors import ConfigError
 
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -45,9 +45,15 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 def autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision in ("bf16", "fp16"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """fp16 needs loss scaling so small gradients do not underflow; other precisions get a
+    disabled scaler that passes everything through."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
 def synchronize(device: torch.device) -> None:

@@ -18,12 +18,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_length
 from llmlab.data.prepare import prepare
-from llmlab.errors import UserError
+from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, generate
 from llmlab.train.checkpoint import best_checkpoint, latest_in_run, load_checkpoint, load_weights, save_checkpoint
-from llmlab.train.device import autocast, memory_stats, resolve_device, resolve_precision, synchronize
+from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
 from llmlab.train.loggers import LOGGER, JsonlWriter, SafeLogger
 from llmlab.train.mfu import device_peak_flops
 from llmlab.train.optim import build_optimizer
@@ -85,6 +85,10 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     optimizer = build_optimizer(job.optim, model, device)
     schedule = SCHEDULE.build(job.sched, loop.steps)
     amp = autocast(device, precision)
+    scaler = grad_scaler(device, precision)
+    if scaler.is_enabled() and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={job.optim.kind} has "
+                          "several; use precision=bf16 or fp32")
     peak, peak_source = device_peak_flops(device, precision)
     tokens_per_step = loop.batch_size * loop.grad_accum * block
     console.out.print(f"device {device} ({precision}); {tokens_per_step:,} tokens/step, {loop.steps} steps "
@@ -166,14 +170,20 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 with amp:
                     out = step_model(x, y)
-                (out.loss / loop.grad_accum).backward()
+                scaler.scale(out.loss / loop.grad_accum).backward()
                 loss_acc += out.metrics["loss/main"]
                 for key, value in out.metrics.items():
                     if key != "loss/main":
                         extra_acc[key] = extra_acc.get(key, 0.0) + value
                 n_acc += 1
+            if scaler.is_enabled():
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), loop.grad_clip or float("inf"))
-            optimizer.step()
+            if scaler.is_enabled():
+                scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+                scaler.update()
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             tokens_seen += tokens_per_step
             done = step + 1
@@ -202,6 +212,8 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
                 t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
                 extra_acc = {}
 
+            if loop.max_time is not None and time.perf_counter() - t_start >= loop.max_time and not stop.requested:
+                stop.requested = f"train.max_time={loop.max_time:g}s"
             is_last = done == loop.steps
             if (loop.eval_every and done % loop.eval_every == 0) or is_last:
                 t_eval = time.perf_counter()

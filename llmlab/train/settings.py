@@ -35,6 +35,7 @@ class LoopConfig:
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
     sample_tokens: int = 48
     resume: str | None = "auto"  # auto: this run dir's latest checkpoint if any; a path; null: start fresh
+    max_time: float | None = None  # seconds; stop (saving a checkpoint) when training has run this long
 
     def check(self, prefix: str) -> None:
         for key in ("steps", "batch_size", "grad_accum", "log_every"):

@@ -96,3 +96,19 @@ def test_pruning_keeps_the_best_checkpoint(corpus_dir, tmp_path):
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if "val/loss" in line]
     assert summary["best_val_loss"] == min(e["val/loss"] for e in evals)
+
+
+def test_fp16_trains_with_a_grad_scaler(corpus_dir, tmp_path):
+    cfg = config(corpus_dir, tmp_path, steps=6, log_every=1, eval_every=0)
+    cfg["precision"] = "fp16"
+    summary = run_training(cfg, tmp_path / "run")
+    assert summary["precision"] == "fp16" and summary["val_loss"] is not None
+    import math
+    assert math.isfinite(summary["val_loss"])
+
+
+def test_max_time_stops_and_saves(corpus_dir, tmp_path):
+    summary = run_training(config(corpus_dir, tmp_path, steps=1000, eval_every=0, ckpt_every=0, max_time=0.0),
+                           tmp_path / "run")
+    assert summary["interrupted"] is True and summary["steps"] == 1
+    assert summary["checkpoint"].endswith("step_000001")
