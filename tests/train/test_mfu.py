@@ -31,5 +31,5 @@ def test_unknown_device_and_precision_name_the_key():
     from llmlab.errors import ConfigError
     with pytest.raises(ConfigError, match=r"^device: unknown device 'gpu0'"):
         resolve_device("gpu0")
-    with pytest.raises(ConfigError, match=r"^precision: unknown 'fp8'; allowed: auto, fp32, bf16$"):
+    with pytest.raises(ConfigError, match=r"^precision: unknown 'fp8'; allowed: auto, fp32, bf16, fp16$"):
         resolve_precision("fp8", torch.device("cpu"))
