@@ -200,14 +200,48 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
     preflight(command, rest)
+    rest = name_sweep_runs_by_swept_keys(rest)
     module = importlib.import_module(f"llmlab.commands.{command}")
     app = hydra_app(command, module.run)
     sys.argv = [f"llmlab {command}", *rest]
     app()
 
 
+def path_slug(text: str, limit: int = 60) -> str:
+    """A short, path-safe form of a job's overrides for its sweep directory name."""
+    text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", str(text).replace("/", "-"))
+    text = re.sub(r"-{2,}", "-", text).strip("-")
+    return text[:limit].rstrip("-,") or "defaults"
+
+
+def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:
+    """Under -m, name each job's directory by the keys that vary across the sweep only: the
+    fixed overrides go to Hydra's override_dirname exclude list."""
+    if not {"-m", "--multirun"} & set(args) or any("override_dirname" in a for a in args):
+        return args
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides, _ = split_args(args)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # preflight reports bad overrides
+        return args
+    fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override()})
+    if not fixed:
+        return args
+    return [*args, f"hydra.job.config.override_dirname.exclude_keys=[{','.join(fixed)}]"]
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+    if not OmegaConf.has_resolver("slug"):
+        OmegaConf.register_new_resolver("slug", path_slug)
+
+
 def hydra_app(command: str, body: Callable) -> Callable:
     import hydra
+
+    register_resolvers()
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=command)
     def app(cfg) -> None:

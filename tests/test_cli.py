@@ -175,7 +175,8 @@ def test_multirun_sweep(trained):
                 "train.steps=2", "hydra.sweep.dir=outputs/sweep", cwd=root)
     assert r.returncode == 0, r.stderr
     runs = sorted(p.name for p in (root / "outputs" / "sweep").iterdir() if p.is_dir())
-    assert runs == ["0", "1"]
+    assert [r.split("_", 1)[0] for r in runs] == ["0", "1"]
+    assert runs == ["0_optim.lr=0.001", "1_optim.lr=0.003"]  # named by what the sweep varies
     for d, lr in zip(runs, ("0.001", "0.003")):
         assert f"optim.lr={lr}" in (root / "outputs" / "sweep" / d / ".hydra" / "overrides.yaml").read_text()
         assert json.loads((root / "outputs" / "sweep" / d / "summary.json").read_text())["steps"] == 2

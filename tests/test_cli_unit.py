@@ -23,6 +23,19 @@ def test_split_args_skips_hydra_flags_and_keys():
     assert split_args(["--help"])[1] is False
 
 
+def test_sweep_dir_names_are_short_and_path_safe():
+    from llmlab.cli import path_slug
+    assert path_slug("model/attention=mla,seed=1") == "model-attention=mla,seed=1"
+    assert path_slug("data.paths=[/tmp/a b/*.txt],optim.lr=0.001") == "data.paths=-tmp-a-b-.txt-,optim.lr=0.001"
+    from llmlab.cli import name_sweep_runs_by_swept_keys
+    args = ["-m", "optim.lr=1e-3,3e-3", "model/attention=mha", "data.paths=[a.txt]"]
+    assert name_sweep_runs_by_swept_keys(args)[-1] == \
+        "hydra.job.config.override_dirname.exclude_keys=[data.paths,model/attention]"
+    assert name_sweep_runs_by_swept_keys(["optim.lr=1"]) == ["optim.lr=1"]  # not a sweep
+    assert len(path_slug("x=" + "y" * 500)) <= 60
+    assert path_slug("") == "defaults"
+
+
 def test_sweeps_expand_to_every_combination():
     combos = expand_sweeps(["a=1,2", "b=x,y", "c=3"])
     assert combos == [["a=1", "b=x", "c=3"], ["a=1", "b=y", "c=3"], ["a=2", "b=x", "c=3"], ["a=2", "b=y", "c=3"]]

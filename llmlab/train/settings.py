@@ -25,6 +25,7 @@ class LoopConfig:
     steps: int = 600
     batch_size: int = 16
     grad_accum: int = 1
+    batch_tokens: int | None = None  # tokens per optimizer step; sets grad_accum from batch_size * max_seq_len
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
     log_every: int = 10
     eval_every: int = 200  # 0 = only at the end
@@ -95,6 +96,12 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
         logger=LOGGER.config(cfg.get("logger"), "logger"),
         loop=parse_dataclass(LoopConfig, cfg.get("train"), "train"),
     )
+    if job.loop.batch_tokens is not None:
+        micro = job.loop.batch_size * job.spec.model.max_seq_len
+        if job.loop.batch_tokens < micro or job.loop.batch_tokens % micro:
+            raise ConfigError(f"train.batch_tokens: {job.loop.batch_tokens} is not a multiple of train.batch_size * "
+                              f"model.max_seq_len = {micro}")
+        job.loop.grad_accum = job.loop.batch_tokens // micro
     with torch.device("meta"):
         Transformer(job.spec)
     return job

@@ -112,3 +112,12 @@ def test_max_time_stops_and_saves(corpus_dir, tmp_path):
                            tmp_path / "run")
     assert summary["interrupted"] is True and summary["steps"] == 1
     assert summary["checkpoint"].endswith("step_000001")
+
+
+def test_batch_tokens_sets_the_accumulation(corpus_dir, tmp_path):
+    from llmlab.errors import ConfigError
+    summary = run_training(config(corpus_dir, tmp_path, steps=2, batch_size=2, batch_tokens=256, eval_every=0),
+                           tmp_path / "run")
+    assert summary["tokens"] == 2 * 256  # 2 steps of 4 micro-batches of 2 x 32 tokens
+    with pytest.raises(ConfigError, match=r"^train.batch_tokens: 100 is not a multiple of"):
+        run_training(config(corpus_dir, tmp_path, batch_tokens=100), tmp_path / "bad")
