@@ -61,6 +61,7 @@ def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
 def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Train as ``cfg`` (a resolved plain dict of the whole ``train`` config) says; write
     metrics, checkpoints and ``summary.json`` into ``run_dir``; return the summary."""
+    t_begin = time.perf_counter()  # wall time includes data preparation and model build
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = check_train_config(cfg)
@@ -252,6 +253,8 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
             [last_val["val/loss"]] if "val/loss" in last_val else []), default=None),
         "interrupted": bool(stop.requested),
         "tokens_per_s": statistics.median(tok_rates) if tok_rates else (history[-1]["perf/tokens_per_s"] if history else None),
+        "tokens_per_s_mean": statistics.fmean(tok_rates) if tok_rates else None,
+        "wall_s": round(time.perf_counter() - t_begin, 2),
         "device": str(device), "precision": precision, "checkpoint": str(ckpt_path) if ckpt_path else None,
         "data": str(prepared.path), **card,
     }

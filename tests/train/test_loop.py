@@ -33,6 +33,7 @@ def test_training_lowers_the_validation_loss(corpus_dir, tmp_path):
     assert evals[1]["val/loss"] < math.log(257) - 1  # well below uniform over the bytes
     assert evals[1]["val/loss"] < evals[0]["val/loss"]
     assert summary["val_bpb"] == pytest.approx(evals[1]["val/bpb"])
+    assert summary["tokens_per_s_mean"] > 0 and summary["wall_s"] >= summary["elapsed_s"] > 0
     assert summary["checkpoint"].endswith("step_000060")
 
 
