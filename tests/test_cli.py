@@ -2,7 +2,6 @@
 whole tokenize -> train -> sample -> eval run on a small corpus."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -70,10 +70,11 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     window = model.max_seq_len
     out = prompt
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    cache, feed = None, prompt[:, -window:]
+    cache, feed = None, None
     for _ in range(cfg.max_new_tokens):
         if use_cache:
             if cache is None or cache.pos + feed.shape[1] > window:
+                # (re)fill: the whole prompt at first, the latest half window once the context is full
                 feed = out[:, -(window // 2 if cache is not None else window):]
                 cache = model.new_cache(out.shape[0], window)
             logits = model(feed, cache=cache).logits

@@ -30,6 +30,15 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def check_lr_and_betas(cfg, prefix: str) -> None:
+    """The checks AdamW and Lion share: a positive lr and betas in [0, 1)."""
+    if not cfg.lr > 0:
+        raise ConfigError(f"{prefix}.lr: must be > 0, got {cfg.lr}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(cfg, key) < 1:
+            raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(cfg, key)}")
+
+
 @OPTIMIZER.register("adamw")
 class AdamW:
     """Loshchilov & Hutter 2019: Adam with decoupled weight decay."""
@@ -45,11 +54,7 @@ class AdamW:
         decay_embeddings: bool = False
 
         def check(self, prefix: str) -> None:
-            if not self.lr > 0:
-                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
-            for key in ("beta1", "beta2"):
-                if not 0 <= getattr(self, key) < 1:
-                    raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(self, key)}")
+            check_lr_and_betas(self, prefix)
             if self.weight_decay < 0:
                 raise ConfigError(f"{prefix}.weight_decay: must be >= 0, got {self.weight_decay}")
 
@@ -129,11 +134,7 @@ class Lion:
         decay_embeddings: bool = False
 
         def check(self, prefix: str) -> None:
-            if not self.lr > 0:
-                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
-            for key in ("beta1", "beta2"):
-                if not 0 <= getattr(self, key) < 1:
-                    raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(self, key)}")
+            check_lr_and_betas(self, prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:

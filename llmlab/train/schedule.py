@@ -37,19 +37,26 @@ class Schedule:
         raise NotImplementedError
 
 
+@dataclass
+class DecayConfig(Schedule.Config):
+    """Settings of a schedule that decays to a floor of ``min_lr_ratio`` times the peak."""
+
+    min_lr_ratio: float = 0.0
+
+    def check(self, prefix: str) -> None:
+        super().check(prefix)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+
+
 @SCHEDULE.register("cosine")
 class Cosine(Schedule):
     """Cosine decay to ``min_lr_ratio`` of the peak (Loshchilov & Hutter 2017, SGDR)."""
 
     @dataclass
-    class Config(Schedule.Config):
+    class Config(DecayConfig):
         kind: str = "cosine"
         min_lr_ratio: float = 0.1
-
-        def check(self, prefix: str) -> None:
-            super().check(prefix)
-            if not 0 <= self.min_lr_ratio <= 1:
-                raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
 
     def after_warmup(self, progress: float) -> float:
         r = self.cfg.min_lr_ratio
@@ -71,14 +78,8 @@ class Linear(Schedule):
     """Linear decay to ``min_lr_ratio`` of the peak."""
 
     @dataclass
-    class Config(Schedule.Config):
+    class Config(DecayConfig):
         kind: str = "linear"
-        min_lr_ratio: float = 0.0
-
-        def check(self, prefix: str) -> None:
-            super().check(prefix)
-            if not 0 <= self.min_lr_ratio <= 1:
-                raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
 
     def after_warmup(self, progress: float) -> float:
         return 1 - (1 - self.cfg.min_lr_ratio) * progress
@@ -91,11 +92,10 @@ class WarmupStableDecay(Schedule):
     ``min_lr_ratio``."""
 
     @dataclass
-    class Config(Schedule.Config):
+    class Config(DecayConfig):
         kind: str = "wsd"
         decay_fraction: float = 0.2
         cooldown: str = "linear"  # linear | cosine
-        min_lr_ratio: float = 0.0
 
         def check(self, prefix: str) -> None:
             super().check(prefix)
@@ -103,8 +103,6 @@ class WarmupStableDecay(Schedule):
                 raise ConfigError(f"{prefix}.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
             if self.cooldown not in ("linear", "cosine"):
                 raise ConfigError(f"{prefix}.cooldown: unknown '{self.cooldown}'; allowed: linear, cosine")
-            if not 0 <= self.min_lr_ratio <= 1:
-                raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:

@@ -1,7 +1,6 @@
 """The llama and gpt2 presets against Hugging Face `transformers` implementations, with the
 same weights: logits agree to 1e-4. (Parity tests, not an export feature.)"""
 
-import pytest
 import torch
 
 from llmlab.model.transformer import Transformer

@@ -2,7 +2,6 @@ import pytest
 import torch
 
 from llmlab.model.objective import IGNORE, OBJECTIVE
-from llmlab.sample.generate import SamplingConfig, generate
 from tests.conftest import tiny_model
 
 

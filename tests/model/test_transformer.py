@@ -2,7 +2,6 @@
 registries, so a new variant is covered without editing them."""
 
 import itertools
-import math
 
 import pytest
 import torch
