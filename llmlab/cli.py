@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     preflight(command, rest)
     rest = name_sweep_runs_by_swept_keys(rest)
+    if command == "train":
+        rest = name_train_sweep_by_its_overrides(rest)
+        rest = keep_worker_ranks_out_of_outputs(rest)
     module = importlib.import_module(f"llmlab.commands.{command}")
     app = hydra_app(command, module.run)
     sys.argv = [f"llmlab {command}", *rest]
@@ -230,6 +233,33 @@ def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:
     if not fixed:
         return args
     return [*args, f"hydra.job.config.override_dirname.exclude_keys=[{','.join(fixed)}]"]
+
+
+def name_train_sweep_by_its_overrides(args: list[str]) -> list[str]:
+    """Under -m, a train sweep's directory is named by its overrides, not the time: running
+    the same sweep again finds its runs, skips the finished ones and resumes the rest."""
+    if not {"-m", "--multirun"} & set(args) or any(a.startswith("hydra.sweep.dir=") for a in args):
+        return args
+    import hashlib
+
+    overrides, _ = split_args(args)
+    overrides = [o for o in overrides if not o.startswith("hydra.")]
+    digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:6]
+    return [*args, f"hydra.sweep.dir=outputs/train-sweep/{path_slug('_'.join(overrides), 48)}-{digest}"]
+
+
+def keep_worker_ranks_out_of_outputs(args: list[str]) -> list[str]:
+    """Under torchrun, ranks other than 0 write nothing: rank 0 picks the run directory and
+    the trainer hands it to the others, so Hydra's own files go to a scratch directory."""
+    import os
+    import tempfile
+
+    if int(os.environ.get("WORLD_SIZE", 1)) <= 1 or int(os.environ.get("RANK", 0)) == 0:
+        return args
+    scratch = Path(tempfile.gettempdir()) / f"llmlab-rank{os.environ['RANK']}"
+    args = [a for a in args if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir=", "hydra.output_subdir="))]
+    return [*args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null",
+            "hydra/job_logging=disabled"]
 
 
 def register_resolvers() -> None:

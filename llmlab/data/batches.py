@@ -17,17 +17,24 @@ def check_length(tokens: np.ndarray, block: int, split: str) -> None:
 
 class RandomWindows:
     """Uniformly random windows of ``block + 1`` tokens; inputs are the first ``block``,
-    targets the last ``block`` (inputs shifted by one). Each rank draws its own stream; the
-    generator's state is part of a checkpoint, so resume continues the same stream."""
+    targets the last ``block`` (inputs shifted by one).
 
-    def __init__(self, tokens: np.ndarray, block: int, batch: int, seed: int, rank: int = 0):
+    The stream depends on ``seed`` alone: every call draws the starts of the whole global
+    batch (``batch`` windows for each of ``world`` ranks) and a rank keeps its own slice. So
+    two runs with one seed see the same batches, and N processes with batch b see exactly
+    what one process with batch N*b sees. The generator's state is part of a checkpoint, so
+    resume continues the same stream."""
+
+    def __init__(self, tokens: np.ndarray, block: int, batch: int, seed: int, rank: int = 0, world: int = 1):
         check_length(tokens, block, "train")
         self.tokens, self.block, self.batch = tokens, block, batch
-        self.rng = np.random.default_rng([seed, rank])
+        self.rank, self.world = rank, world
+        self.rng = np.random.default_rng([seed, 0])
 
     def next_window(self) -> torch.Tensor:
         """(batch, block + 1) token ids; an objective turns them into inputs and targets."""
-        starts = self.rng.integers(0, len(self.tokens) - self.block, size=self.batch)
+        starts = self.rng.integers(0, len(self.tokens) - self.block, size=self.batch * self.world)
+        starts = starts[self.rank * self.batch:(self.rank + 1) * self.batch]
         return torch.from_numpy(np.stack([self.tokens[s:s + self.block + 1] for s in starts]).astype(np.int64))
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:

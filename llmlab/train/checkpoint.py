@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from omegaconf import OmegaConf
@@ -33,27 +33,36 @@ REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tok
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with each shared tensor once (safetensors refuses aliases)."""
-    out, seen = {}, set()
+def unique_names(model: torch.nn.Module) -> list[str]:
+    """State-dict names with each shared (tied) tensor once, under its first name."""
+    names, seen = [], set()
     for name, t in model.state_dict().items():
         key = (t.data_ptr(), t.shape, t.dtype) if t.numel() else (name,)
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().cpu().contiguous()
-    return out
+        if key not in seen:
+            seen.add(key)
+            names.append(name)
+    return names
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, spec_dict: dict, config: Any,
-                    tokenizer_path: Path, state: dict, trainer_state: dict | None = None,
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared tensor once (safetensors refuses aliases)."""
+    state = model.state_dict()
+    return {name: state[name].detach().cpu().contiguous() for name in unique_names(model)}
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping[str, torch.Tensor], spec_dict: dict,
+                    config: Any, tokenizer_path: Path, state: dict, trainer_state: dict | None = None,
                     keep: int | None = None) -> Path:
+    """Write one checkpoint directory atomically. ``model`` is a module, or its weights
+    already gathered (each tied tensor once)."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
     try:
-        save_file(unique_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        weights = (unique_state_dict(model) if isinstance(model, torch.nn.Module)
+                   else {k: v.detach().cpu().contiguous() for k, v in model.items()})
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer.pt")
         (tmp / "model.json").write_text(json.dumps(spec_dict, indent=2))

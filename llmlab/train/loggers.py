@@ -141,3 +141,21 @@ class JsonlWriter:
 
     def close(self) -> None:
         self.file.close()
+
+    @staticmethod
+    def truncate_after(path: Path, step: int) -> None:
+        """Drop the records after ``step``: a resumed run logs those steps again."""
+        path = Path(path)
+        if not path.is_file():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) > step:
+                    continue
+            except ValueError:
+                continue  # a line cut short by a crash
+            kept.append(line + "\n")
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)

@@ -22,13 +22,16 @@ from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, generate
-from llmlab.train.checkpoint import best_checkpoint, latest_in_run, load_checkpoint, load_weights, save_checkpoint
+from llmlab.train.checkpoint import (Checkpoint, best_checkpoint, latest_in_run, load_checkpoint, load_weights,
+                                     save_checkpoint, unique_names)
 from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
-from llmlab.train.loggers import LOGGER, JsonlWriter, SafeLogger
+from llmlab.train.distributed import (any_rank, barrier, broadcast, full_model_state, full_optimizer_state, gather,
+                                      gradient_sync, init_distributed, load_optimizer_state, mean, shutdown, wrap_model)
+from llmlab.train.loggers import LOGGER, JsonlWriter, NoLogger, SafeLogger
 from llmlab.train.mfu import device_peak_flops
 from llmlab.train.optim import build_optimizer
 from llmlab.train.schedule import SCHEDULE
-from llmlab.train.settings import check_train_config
+from llmlab.train.settings import check_train_config, run_id
 
 
 def model_card(model: Transformer, seq_len: int, precision: str) -> dict[str, Any]:
@@ -60,216 +63,368 @@ def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
 
 def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Train as ``cfg`` (a resolved plain dict of the whole ``train`` config) says; write
-    metrics, checkpoints and ``summary.json`` into ``run_dir``; return the summary."""
-    t_begin = time.perf_counter()  # wall time includes data preparation and model build
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = check_train_config(cfg)
-    loop = job.loop
-    device = resolve_device(job.device)
-    precision = resolve_precision(job.precision, device)
-    rank = int(os.environ.get("RANK", 0))
-    torch.manual_seed(job.seed)
+    metrics, checkpoints and ``summary.json`` into ``run_dir``; return the summary. Under
+    torchrun every rank calls this; rank 0's ``run_dir`` is the one used."""
+    trainer = Trainer(cfg, run_dir)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
 
-    prepared = prepare(cfg["data"], cfg["tokenizer"], job.cache_dir)
-    spec = ModelSpec.from_config(cfg, prepared.vocab_size)
-    block = spec.model.max_seq_len
-    train_tokens, val_tokens = prepared.tokens("train"), prepared.tokens("val")
-    check_length(val_tokens, block, "val")
-    sampler = RandomWindows(train_tokens, block, loop.batch_size, job.seed, rank)
-    mask_rng = torch.Generator().manual_seed(job.seed * 1000 + rank)  # MLM masking, on the CPU
 
-    model = Transformer(spec).to(device)
-    card = model_card(model, block, precision)
-    print_model_card(spec, card)
-    step_model = torch.compile(model) if loop.compile else model
-    optimizer = build_optimizer(job.optim, model, device)
-    schedule = SCHEDULE.build(job.sched, loop.steps)
-    amp = autocast(device, precision)
-    scaler = grad_scaler(device, precision)
-    if scaler.is_enabled() and not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={job.optim.kind} has "
-                          "several; use precision=bf16 or fp32")
-    peak, peak_source = device_peak_flops(device, precision)
-    tokens_per_step = loop.batch_size * loop.grad_accum * block
-    console.out.print(f"device {device} ({precision}); {tokens_per_step:,} tokens/step, {loop.steps} steps "
-                      f"= {tokens_per_step * loop.steps / 1e6:.2f}M tokens; MFU peak {peak / 1e12:.2f} TFLOP/s "
-                      f"({peak_source})")
+class Trainer:
+    """One training run: built in ``__init__`` (data, model, optimizer, resume state), then
+    ``run`` steps it to the end or to a budget and writes the summary."""
 
-    tokenizer = prepared.tokenizer()
-    bytes_per_token_val = prepared.bytes_per_token("val")
-    (run_dir / "config.yaml").write_text(_yaml(cfg))
-    metrics_file = JsonlWriter(run_dir / "metrics.jsonl")
-    logger = SafeLogger(LOGGER.build(job.logger))
-    logger.start(run_dir, {**cfg, "model_card": card})
+    def __init__(self, cfg: Mapping[str, Any], run_dir: str | Path):
+        self.t_begin = time.perf_counter()  # wall time includes data preparation and model build
+        self.cfg = cfg
+        self.job = job = check_train_config(cfg)
+        self.loop = loop = job.loop
+        self.dist, self.device = init_distributed(resolve_device(job.device), loop.fsdp)
+        dist, device = self.dist, self.device
+        self._quiet_before = console.out.quiet
+        console.out.quiet = console.out.quiet or not dist.is_main  # one rank speaks
+        self.run_dir = Path(broadcast(str(run_dir), dist))
+        if dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id(cfg)
+        self.precision = resolve_precision(job.precision, device)
+        self.finished = finished_summary(self.run_dir, self.run_id) if loop.resume == "auto" else None
+        if self.finished is not None:
+            return
+        torch.manual_seed(job.seed)
 
-    def save(step: int, state: dict) -> Path:
-        return save_checkpoint(
-            run_dir / "checkpoints", step, model, spec.to_dict(), cfg, prepared.path / "tokenizer.json",
-            state={**state, "data_rng": sampler.state(), "data_key": prepared.meta["key"],
-                   "eos": prepared.meta["eos"], "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
-            trainer_state={"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-                           "mask_rng": mask_rng.get_state()},
-            keep=loop.keep_checkpoints)
+        if dist.is_main:  # one rank fills the cache; the others then read it
+            self.prepared = prepare(cfg["data"], cfg["tokenizer"], job.cache_dir)
+        barrier(dist)
+        if not dist.is_main:
+            self.prepared = prepare(cfg["data"], cfg["tokenizer"], job.cache_dir)
+        prepared = self.prepared
+        self.spec = spec = ModelSpec.from_config(cfg, prepared.vocab_size)
+        self.block = block = spec.model.max_seq_len
+        self.train_tokens, self.val_tokens = prepared.tokens("train"), prepared.tokens("val")
+        check_length(self.val_tokens, block, "val")
+        self.tokens_per_step = loop.batch_size * loop.grad_accum * block * dist.world_size
+        self.steps = math.ceil(loop.max_tokens / self.tokens_per_step) if loop.max_tokens else loop.steps
+        self.sampler = RandomWindows(self.train_tokens, block, loop.batch_size, job.seed, dist.rank, dist.world_size)
+        self.mask_rng = torch.Generator().manual_seed(job.seed * 1000 + dist.rank)  # MLM masking, on the CPU
 
-    def run_eval(step: int) -> tuple[dict[str, float], list[tuple[str, str]]]:
-        res = evaluate_loss(model, val_tokens, block, loop.batch_size, device, amp, loop.eval_windows or None)
-        out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
-        if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
-            out["val/bpb"] = bits_per_byte(res["loss"], 1, bytes_per_token_val)
-            samples = complete_prompts(model, tokenizer, loop.prompts, loop.sample_tokens, device, job.seed)
+        self.model = model = Transformer(spec).to(device)
+        self.card = model_card(model, block, self.precision)
+        print_model_card(spec, self.card)
+        self.weight_names = unique_names(model)
+        self.ckpt = self._resume_checkpoint()
+        if self.ckpt is not None:  # weights go in before FSDP shards them
+            load_weights(model, self.ckpt.weights, self.ckpt.path)
+        self.wrapped = wrap_model(model, dist, device, find_unused=spec.model.ffn == "moe")
+        self.step_model = torch.compile(self.wrapped) if loop.compile else self.wrapped
+        self.optimizer = build_optimizer(job.optim, model, device)
+        self.schedule = SCHEDULE.build(job.sched, self.steps)
+        self.amp = autocast(device, self.precision)
+        self.scaler = grad_scaler(device, self.precision)
+        if self.scaler.is_enabled() and not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={job.optim.kind} has "
+                              "several; use precision=bf16 or fp32")
+        if dist.fsdp and not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"train.fsdp: optim={job.optim.kind} is not supported with FSDP; use DDP "
+                              "(train.fsdp=false) or optim=adamw")
+        peak, self.peak_source = device_peak_flops(device, self.precision)
+        self.peak = peak * dist.world_size  # MFU of the whole job
+        self.start_step, self.tokens_seen, self.last_val = 0, 0, {}
+        if self.ckpt is not None:
+            self._restore(self.ckpt)
+        self.tokenizer = prepared.tokenizer()
+        self.bytes_per_token_val = prepared.bytes_per_token("val")
+        parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
+        console.out.print(f"device {device} ({self.precision}){parallel}; {self.tokens_per_step:,} tokens/step, "
+                          f"{self.steps} steps = {self.tokens_per_step * self.steps / 1e6:.2f}M tokens; MFU peak "
+                          f"{self.peak / 1e12:.2f} TFLOP/s ({self.peak_source}); run id {self.run_id}")
+
+    # ---- resume -------------------------------------------------------------------------
+
+    def _resume_checkpoint(self) -> Checkpoint | None:
+        loop = self.loop
+        if loop.resume == "auto":
+            found = latest_in_run(self.run_dir)
+            if found is None:
+                return None
+        elif loop.resume:
+            found = loop.resume
         else:
-            samples = []
-        return out, samples
-
-    progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out)
-    history: list[dict[str, float]] = []
-    tok_rates: list[float] = []
-    t_start = time.perf_counter()
-    tokens_seen, start_step = 0, 0
-    last_val: dict[str, float] = {}
-    ckpt_path = None
-    resume_from = latest_in_run(run_dir) if loop.resume == "auto" else loop.resume
-    if resume_from:
-        # everything that decides the next step: weights, optimizer, RNGs, data position
+            return None
         try:
-            ckpt = load_checkpoint(resume_from)
+            ckpt = load_checkpoint(found)
         except UserError as e:
             raise UserError(f"train.resume: {str(e).removeprefix('ckpt: ')}") from e
-        load_weights(model, ckpt.weights, ckpt.path)
+        other = ckpt.state.get("run_id")
+        if loop.resume == "auto" and other and other != self.run_id:
+            raise ConfigError(
+                f"train.resume: {self.run_dir} holds a run of another config (run id {other}; this config is "
+                f"{self.run_id}); use a new hydra.run.dir, train.resume={ckpt.path} to continue from it anyway, "
+                "or train.resume=null to start over in this directory")
+        return ckpt
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        """Everything that decides the next step: optimizer, RNGs, data position."""
+        rank = self.dist.rank
         trainer = ckpt.trainer_state() or {}
         if "optimizer" in trainer:
-            optimizer.load_state_dict(trainer["optimizer"])
-        if "torch_rng" in trainer:
-            torch.set_rng_state(trainer["torch_rng"])
-        if "mask_rng" in trainer:
-            mask_rng.set_state(trainer["mask_rng"])
-        sampler.load_state(ckpt.state["data_rng"])
-        start_step, tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
-        last_val = ckpt.state.get("val") or {}
-        console.out.print(f"resumed from {ckpt.path} at step {start_step}")
-        if start_step >= loop.steps and (run_dir / "summary.json").is_file():
-            console.out.print(f"{run_dir} finished all {loop.steps} steps already; nothing to do")
-            metrics_file.close()
-            logger.finish()
-            return json.loads((run_dir / "summary.json").read_text())
-    done = start_step
-    stop = StopRequest()
-    model.train()
-    with progress, stop:
-        task = progress.add_task("train", total=loop.steps, status="", completed=start_step)
-        t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
-        extra_acc: dict[str, torch.Tensor] = {}
-        for step in range(start_step, loop.steps):
-            multiplier = schedule(step)
-            for group in optimizer.param_groups:
-                group["lr"] = group["base_lr"] * multiplier
-            lr = job.optim.lr * multiplier
-            for _ in range(loop.grad_accum):
-                x, y = model.objective.make_batch(sampler.next_window(), model.vocab_size, mask_rng)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with amp:
-                    out = step_model(x, y)
-                scaler.scale(out.loss / loop.grad_accum).backward()
-                loss_acc += out.metrics["loss/main"]
-                for key, value in out.metrics.items():
-                    if key != "loss/main":
-                        extra_acc[key] = extra_acc.get(key, 0.0) + value
-                n_acc += 1
-            if scaler.is_enabled():
-                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), loop.grad_clip or float("inf"))
-            if scaler.is_enabled():
-                scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            tokens_seen += tokens_per_step
-            done = step + 1
+            load_optimizer_state(self.model, self.optimizer, trainer["optimizer"])
+        if "scaler" in trainer and self.scaler.is_enabled():
+            self.scaler.load_state_dict(trainer["scaler"])
+        torch_rng, mask_rng = trainer.get("torch_rng_by_rank"), trainer.get("mask_rng_by_rank")
+        if torch_rng:  # a rank with no saved state of its own (more ranks than before) keeps its seed
+            if rank < len(torch_rng):
+                torch.set_rng_state(torch_rng[rank])
+                self.mask_rng.set_state(mask_rng[rank])
+        self.sampler.load_state(ckpt.state["data_rng"])
+        self.start_step, self.tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
+        self.last_val = ckpt.state.get("val") or {}
+        if self.dist.is_main:
+            JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", self.start_step)
+        console.out.print(f"resumed from {ckpt.path} at step {self.start_step}")
 
-            if done % loop.log_every == 0 or done == loop.steps:
-                synchronize(device)
-                dt = time.perf_counter() - t_window
-                steps_in_window = n_acc // loop.grad_accum
-                tok_s = steps_in_window * tokens_per_step / dt
-                if step >= loop.log_every:  # the first window includes warm-up and compilation
-                    tok_rates.append(tok_s)
-                record = {"step": done, "train/loss": float(loss_acc) / n_acc, "train/lr": lr,
-                          "train/grad_norm": float(grad_norm), "train/tokens": tokens_seen,
-                          "perf/tokens_per_s": tok_s, "perf/mfu": card["flops_per_token"] * tok_s / peak,
-                          **{f"perf/{k}": v for k, v in memory_stats(device).items()},
-                          **{k: float(v) / n_acc for k, v in extra_acc.items()}}
-                check_finite(record["train/loss"], done, ckpt_path)
-                history.append(record)
-                metrics_file.write(record)
-                logger.log({k: v for k, v in record.items() if k != "step"}, done)
-                status = (f"loss {record['train/loss']:.3f}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
-                          f"{tok_s:,.0f} tok/s  MFU {record['perf/mfu']:.1%}")
-                progress.update(task, status=status)
-                if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar
-                    progress.console.print(f"step {done:>6}/{loop.steps}  {status}")
-                t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
-                extra_acc = {}
+    # ---- checkpoints, eval ----------------------------------------------------------------
 
-            if loop.max_time is not None and time.perf_counter() - t_start >= loop.max_time and not stop.requested:
-                stop.requested = f"train.max_time={loop.max_time:g}s"
-            is_last = done == loop.steps
-            if (loop.eval_every and done % loop.eval_every == 0) or is_last:
-                t_eval = time.perf_counter()
-                last_val, samples = run_eval(done)
-                record = {"step": done, **last_val, "train/tokens": tokens_seen}
-                metrics_file.write(record)
-                logger.log(last_val, done)
-                logger.log_samples(samples, done)
-                bpb = f"  bpb {last_val['val/bpb']:.4f}" if "val/bpb" in last_val else ""
-                progress.console.print(f"step {done:>6}  val loss {last_val['val/loss']:.4f}  "
-                                       f"ppl {last_val['val/ppl']:.2f}  acc {last_val['val/accuracy']:.3f}{bpb}")
-                for prompt, text in samples:
-                    progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
-                t_window += time.perf_counter() - t_eval  # eval time is not training throughput
-            if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last or stop.requested:
-                check_finite(float(out.metrics["loss/main"]), done, ckpt_path)  # never save a diverged model
-                t_ckpt = time.perf_counter()
-                ckpt_path = save(done, {"tokens_seen": tokens_seen, "val": last_val})
-                t_window += time.perf_counter() - t_ckpt
-            progress.update(task, completed=done)
-            if stop.requested:
-                progress.console.print(
-                    f"stopped by {stop.requested} after step {done}; checkpoint {ckpt_path}. To continue, run the "
-                    f"same command with hydra.run.dir={run_dir} (or train.resume={ckpt_path})", style="yellow")
-                break
+    def save(self, step: int) -> Path | None:
+        """Every rank calls this (FSDP gathers its shards); rank 0 writes, the others wait."""
+        dist = self.dist
+        full = full_model_state(self.model, dist)
+        optim_state = full_optimizer_state(self.model, self.optimizer, dist)
+        rngs = gather((torch.get_rng_state(), self.mask_rng.get_state()), dist)
+        path = None
+        if dist.is_main:
+            prepared = self.prepared
+            weights = {k: full[k] for k in self.weight_names}
+            trainer = {"optimizer": optim_state, "torch_rng_by_rank": [r[0] for r in rngs],
+                       "mask_rng_by_rank": [r[1] for r in rngs]}
+            if self.scaler.is_enabled():
+                trainer["scaler"] = self.scaler.state_dict()
+            path = save_checkpoint(
+                self.run_dir / "checkpoints", step, weights, self.spec.to_dict(), self.cfg,
+                prepared.path / "tokenizer.json",
+                state={"tokens_seen": self.tokens_seen, "val": self.last_val, "run_id": self.run_id,
+                       "world_size": dist.world_size, "data_rng": self.sampler.state(),
+                       "data_key": prepared.meta["key"], "eos": prepared.meta["eos"],
+                       "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
+                trainer_state=trainer, keep=self.loop.keep_checkpoints)
+        barrier(dist)
+        return broadcast(path, dist)
 
-    elapsed = time.perf_counter() - t_start
-    train_losses = [h["train/loss"] for h in history if "train/loss" in h]
-    summary = {
-        "run_dir": str(run_dir), "steps": done, "tokens": tokens_seen, "elapsed_s": round(elapsed, 2),
-        "train_loss": train_losses[-1] if train_losses else None,
-        "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"), "val_ppl": last_val.get("val/ppl"),
-        "val_accuracy": last_val.get("val/accuracy"), "objective": spec.objective.kind,
-        "best_checkpoint": str(best_checkpoint(run_dir / "checkpoints") or ckpt_path),
-        "best_val_loss": min([h["val/loss"] for h in history if "val/loss" in h] + (
-            [last_val["val/loss"]] if "val/loss" in last_val else []), default=None),
-        "interrupted": bool(stop.requested),
-        "tokens_per_s": statistics.median(tok_rates) if tok_rates else (history[-1]["perf/tokens_per_s"] if history else None),
-        "tokens_per_s_mean": statistics.fmean(tok_rates) if tok_rates else None,
-        "wall_s": round(time.perf_counter() - t_begin, 2),
-        "device": str(device), "precision": precision, "checkpoint": str(ckpt_path) if ckpt_path else None,
-        "data": str(prepared.path), **card,
-    }
-    summary["mfu"] = card["flops_per_token"] * (summary["tokens_per_s"] or 0) / peak
-    summary["tokens_per_s"] = summary["tokens_per_s"] or 0.0
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    metrics_file.close()
-    logger.log({"summary/val_loss": summary["val_loss"] or float("nan")}, done)
-    logger.finish()
-    bpb = f" ({summary['val_bpb']:.3f} bits/byte)" if summary["val_bpb"] is not None else ""
-    val = f"{summary['val_loss']:.4f}" if summary["val_loss"] is not None else "n/a"
-    console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss {val}{bpb}; "
-                      f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
-    console.out.print(f"checkpoint: {ckpt_path}")
-    return summary
+    def evaluate(self) -> tuple[dict[str, float], list[tuple[str, str]]]:
+        """Validation loss (and prompt completions). Every rank scores the same windows, so
+        all agree without a reduction; under FSDP they must all take part anyway."""
+        loop, model = self.loop, self.model
+        res = evaluate_loss(model, self.val_tokens, self.block, loop.batch_size, self.device, self.amp,
+                            loop.eval_windows or None)
+        out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
+        samples = []
+        if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
+            out["val/bpb"] = bits_per_byte(res["loss"], 1, self.bytes_per_token_val)
+            samples = complete_prompts(model, self.tokenizer, loop.prompts, loop.sample_tokens, self.device,
+                                       self.job.seed)
+        return out, samples
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        if self.finished is not None:
+            console.out.print(f"{self.run_dir} finished already (run id {self.run_id}); nothing to do. "
+                              "To train again, use a new hydra.run.dir")
+            return self.finished
+        if self.start_step >= self.steps and (self.run_dir / "summary.json").is_file():
+            console.out.print(f"{self.run_dir} finished all {self.steps} steps already; nothing to do")
+            return json.loads((self.run_dir / "summary.json").read_text())
+        loop, dist, device = self.loop, self.dist, self.device
+        main = dist.is_main
+        self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl") if main else None
+        self.logger = SafeLogger(LOGGER.build(self.job.logger if main else NoLogger.Config()))
+        if main:
+            (self.run_dir / "config.yaml").write_text(_yaml(self.cfg))
+            self.logger.start(self.run_dir, {**self.cfg, "model_card": self.card, "run_id": self.run_id,
+                                             "world_size": dist.world_size})
+        card, steps = self.card, self.steps
+        progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out)
+        history: list[dict[str, float]] = []
+        tok_rates: list[float] = []
+        t_start = time.perf_counter()
+        done = self.start_step
+        ckpt_path = self.ckpt.path if self.ckpt is not None else None
+        stop = StopRequest()
+        self.model.train()
+        with progress, stop:
+            task = progress.add_task("train", total=steps, status="", completed=done)
+            t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+            extra_acc: dict[str, torch.Tensor] = {}
+            for step in range(self.start_step, steps):
+                multiplier = self.schedule(step)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = group["base_lr"] * multiplier
+                lr = self.job.optim.lr * multiplier
+                step_loss = self._step(loss_acc, extra_acc)
+                n_acc += loop.grad_accum
+                grad_norm = self._update()
+                self.tokens_seen += self.tokens_per_step
+                done = step + 1
+
+                if done % loop.log_every == 0 or done == steps:
+                    synchronize(device)
+                    dt = time.perf_counter() - t_window
+                    tok_s = (n_acc // loop.grad_accum) * self.tokens_per_step / dt
+                    if step >= loop.log_every:  # the first window includes warm-up and compilation
+                        tok_rates.append(tok_s)
+                    record = {"step": done, "train/loss": float(mean(loss_acc, dist)) / n_acc, "train/lr": lr,
+                              "train/grad_norm": float(grad_norm), "train/tokens": self.tokens_seen,
+                              "perf/tokens_per_s": tok_s, "perf/mfu": card["flops_per_token"] * tok_s / self.peak,
+                              **{f"perf/{k}": v for k, v in memory_stats(device).items()},
+                              **{k: float(mean(torch.as_tensor(v, device=device), dist)) / n_acc
+                                 for k, v in sorted(extra_acc.items())}}
+                    check_finite(record["train/loss"], done, ckpt_path)
+                    history.append(record)
+                    if main:
+                        self.metrics.write(record)
+                    self.logger.log({k: v for k, v in record.items() if k != "step"}, done)
+                    status = (f"loss {record['train/loss']:.3f}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
+                              f"{tok_s:,.0f} tok/s  MFU {record['perf/mfu']:.1%}")
+                    progress.update(task, status=status)
+                    if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar
+                        progress.console.print(f"step {done:>6}/{steps}  {status}")
+                    t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+                    extra_acc = {}
+
+                if not stop.requested:
+                    if loop.max_time is not None and time.perf_counter() - t_start >= loop.max_time:
+                        stop.requested = f"train.max_time={loop.max_time:g}s"
+                    elif loop.max_steps is not None and done >= loop.max_steps and done < steps:
+                        stop.requested = f"train.max_steps={loop.max_steps}"
+                if any_rank(bool(stop.requested), dist, device) and not stop.requested:
+                    stop.requested = "another rank"  # all ranks stop at the same step
+                is_last = done == steps
+                if (loop.eval_every and done % loop.eval_every == 0) or is_last:
+                    t_eval = time.perf_counter()
+                    self.last_val, samples = self.evaluate()
+                    record = {"step": done, **self.last_val, "train/tokens": self.tokens_seen}
+                    history.append(record)
+                    if main:
+                        self.metrics.write(record)
+                    self.logger.log(self.last_val, done)
+                    self.logger.log_samples(samples, done)
+                    val = self.last_val
+                    bpb = f"  bpb {val['val/bpb']:.4f}" if "val/bpb" in val else ""
+                    progress.console.print(f"step {done:>6}  val loss {val['val/loss']:.4f}  "
+                                           f"ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}")
+                    for prompt, text in samples:
+                        progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
+                    t_window += time.perf_counter() - t_eval  # eval time is not training throughput
+                if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last or stop.requested:
+                    check_finite(float(mean(step_loss, dist)), done, ckpt_path)  # never save a diverged model
+                    t_ckpt = time.perf_counter()
+                    ckpt_path = self.save(done)
+                    t_window += time.perf_counter() - t_ckpt
+                progress.update(task, completed=done)
+                if stop.requested:
+                    progress.console.print(
+                        f"stopped by {stop.requested} after step {done}; checkpoint {ckpt_path}. To continue, run "
+                        f"the same command with hydra.run.dir={self.run_dir} (or train.resume={ckpt_path})",
+                        style="yellow")
+                    break
+        return self._finish(done, history, tok_rates, t_start, ckpt_path, bool(stop.requested))
+
+    def _step(self, loss_acc: torch.Tensor, extra_acc: dict) -> torch.Tensor:
+        """Forward and backward over ``grad_accum`` micro-batches; gradients are all-reduced
+        on the last one only. Returns the last micro-batch's loss."""
+        loop, model = self.loop, self.model
+        for micro in range(loop.grad_accum):
+            x, y = model.objective.make_batch(self.sampler.next_window(), model.vocab_size, self.mask_rng)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with gradient_sync(self.wrapped, self.dist, sync=micro == loop.grad_accum - 1):
+                with self.amp:
+                    out = self.step_model(x, y)
+                self.scaler.scale(out.loss / loop.grad_accum).backward()
+            loss_acc += out.metrics["loss/main"].detach()
+            for key, value in out.metrics.items():
+                if key != "loss/main":
+                    extra_acc[key] = extra_acc.get(key, 0.0) + (value.detach() if torch.is_tensor(value) else value)
+        return out.metrics["loss/main"].detach()
+
+    def _update(self) -> torch.Tensor:
+        """Clip, step, zero: the optimizer step of one training step; returns the grad norm."""
+        scaler, optimizer = self.scaler, self.optimizer
+        if scaler.is_enabled():
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.loop.grad_clip or float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a sharded DTensor
+            grad_norm = grad_norm.full_tensor()
+        if scaler.is_enabled():
+            scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _finish(self, done: int, history: list[dict], tok_rates: list[float], t_start: float,
+                ckpt_path: Path | None, interrupted: bool) -> dict[str, Any]:
+        elapsed = time.perf_counter() - t_start
+        last_val, card = self.last_val, self.card
+        train_losses = [h["train/loss"] for h in history if "train/loss" in h]
+        val_losses = [h["val/loss"] for h in history if "val/loss" in h]
+        rate = statistics.median(tok_rates) if tok_rates else next(
+            (h["perf/tokens_per_s"] for h in reversed(history) if "perf/tokens_per_s" in h), 0.0)
+        summary = {
+            "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
+            "tokens": self.tokens_seen, "elapsed_s": round(elapsed, 2),
+            "train_loss": train_losses[-1] if train_losses else None,
+            "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"),
+            "val_ppl": last_val.get("val/ppl"), "val_accuracy": last_val.get("val/accuracy"),
+            "objective": self.spec.objective.kind,
+            "best_checkpoint": str(best_checkpoint(self.run_dir / "checkpoints") or ckpt_path),
+            "best_val_loss": min(val_losses + ([last_val["val/loss"]] if "val/loss" in last_val else []), default=None),
+            "interrupted": interrupted,
+            "tokens_per_s": rate,
+            "tokens_per_s_mean": statistics.fmean(tok_rates) if tok_rates else None,
+            "mfu": card["flops_per_token"] * rate / self.peak,
+            "wall_s": round(time.perf_counter() - self.t_begin, 2),
+            "device": str(self.device), "precision": self.precision, "world_size": self.dist.world_size,
+            "parallel": ("fsdp" if self.dist.fsdp else "ddp") if self.dist.enabled else None,
+            "checkpoint": str(ckpt_path) if ckpt_path else None, "data": str(self.prepared.path), **card,
+        }
+        if self.dist.is_main:
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        self.logger.log({"summary/val_loss": summary["val_loss"] or float("nan")}, done)
+        bpb = f" ({summary['val_bpb']:.3f} bits/byte)" if summary["val_bpb"] is not None else ""
+        val = f"{summary['val_loss']:.4f}" if summary["val_loss"] is not None else "n/a"
+        console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss {val}{bpb}; "
+                          f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
+        console.out.print(f"checkpoint: {ckpt_path}")
+        return summary
+
+    def close(self) -> None:
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+        if getattr(self, "logger", None) is not None:
+            self.logger.finish()
+        console.out.quiet = self._quiet_before
+        shutdown(self.dist)
+
+
+def finished_summary(run_dir: Path, rid: str) -> dict | None:
+    """The summary of a run of this config that already ran to its end in ``run_dir``."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("run_id") == rid and not summary.get("interrupted"):
+        return summary
+    return None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class StopRequest:

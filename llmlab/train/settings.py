@@ -36,7 +36,10 @@ class LoopConfig:
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
     sample_tokens: int = 48
     resume: str | None = "auto"  # auto: this run dir's latest checkpoint if any; a path; null: start fresh
+    max_tokens: int | None = None  # the run's length in tokens; replaces `steps` (the schedule spans it)
+    max_steps: int | None = None  # stop (saving a checkpoint) at this step; the schedule still spans `steps`
     max_time: float | None = None  # seconds; stop (saving a checkpoint) when training has run this long
+    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
 
     def check(self, prefix: str) -> None:
         for key in ("steps", "batch_size", "grad_accum", "log_every"):
@@ -47,6 +50,12 @@ class LoopConfig:
                 raise ConfigError(f"{prefix}.{key}: must be >= 0, got {getattr(self, key)}")
         if self.grad_clip < 0:
             raise ConfigError(f"{prefix}.grad_clip: must be >= 0, got {self.grad_clip}")
+        for key in ("max_tokens", "max_steps"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{prefix}.{key}: must be > 0 or null, got {value}")
+        if self.max_time is not None and self.max_time < 0:
+            raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
 
 
 TOP_LEVEL = {"seed", "device", "precision", "cache_dir", "data", "tokenizer", "model", "attention", "norm", "pos",
@@ -105,3 +114,21 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     with torch.device("meta"):
         Transformer(job.spec)
     return job
+
+
+# Keys that change how a run is watched or where it runs, not what it computes: they stay out
+# of the run id, so a run can be resumed with another log interval, device or time budget.
+RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
+RUN_ID_IGNORES_TRAIN = {"resume", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
+                        "sample_tokens", "ckpt_every", "compile", "fsdp"}
+
+
+def run_id(cfg: Mapping[str, Any]) -> str:
+    """A short hash of the resolved config: equal for two runs that train the same thing."""
+    import hashlib
+    import json
+
+    kept = {k: v for k, v in cfg.items() if k not in RUN_ID_IGNORES}
+    kept["train"] = {k: v for k, v in dict(cfg.get("train") or {}).items() if k not in RUN_ID_IGNORES_TRAIN}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from llmlab.data.batches import RandomWindows, fixed_windows, num_fixed_windows
 from llmlab.errors import UserError
@@ -23,7 +24,17 @@ def test_random_windows_resume_continues_the_stream():
     b = RandomWindows(tokens, 8, 2, seed=3)
     b.load_state(state)
     assert (b.next()[0] == expected).all()
-    assert not (RandomWindows(tokens, 8, 2, seed=3, rank=1).next()[0] == RandomWindows(tokens, 8, 2, seed=3).next()[0]).all()
+
+
+def test_ranks_split_one_global_batch_that_depends_only_on_the_seed():
+    tokens = np.arange(5000, dtype=np.uint16)
+    one = RandomWindows(tokens, 8, 6, seed=3)
+    ranks = [RandomWindows(tokens, 8, 2, seed=3, rank=r, world=3) for r in range(3)]
+    for _ in range(4):  # N ranks with batch b draw what one process with batch N*b draws
+        expected = one.next_window()
+        got = torch.cat([r.next_window() for r in ranks])
+        assert torch.equal(got, expected)
+    assert not torch.equal(RandomWindows(tokens, 8, 6, seed=4).next_window(), RandomWindows(tokens, 8, 6, seed=3).next_window())
 
 
 def test_fixed_windows_score_every_token_once():

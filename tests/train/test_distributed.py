@@ -1,0 +1,75 @@
+"""Data parallel training under torchrun, on the CPU with gloo: two processes with half the
+batch each follow the one-process loss curve, with DDP and with FSDP2, across a resume."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+STEPS = 10
+
+
+def common(tmp_path: Path) -> list[str]:
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        words = "the quick brown fox jumps over a lazy dog then runs from the big red barn".split()
+        corpus.write_text("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(11))
+                                    for i in range(2000)))
+    return ["logger=none", "data=text", f"data.paths=[{corpus}]", "tokenizer=byte", "model.d_model=32",
+            "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=32", f"train.steps={STEPS}",
+            "train.log_every=1", "train.eval_windows=4", "train.sample_tokens=4", "train.ckpt_every=0", "seed=0"]
+
+
+def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LLMLAB_CACHE": str(cwd / ".cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("WANDB_API_KEY", None)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           "-m", "llmlab", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict[int, float]:
+    tmp = tmp_path_factory.mktemp("one")
+    r = run_cli("train", *common(tmp), "train.batch_size=4", "hydra.run.dir=run", cwd=tmp)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return losses(tmp / "run")
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_two_ranks_follow_the_one_process_curve_across_a_resume(one_process, tmp_path, fsdp):
+    """Same global batch (2 ranks x 2 windows = 1 process x 4): the loss at each of the first
+    10 steps agrees within 1e-5. The run stops at step 5 (train.max_steps) and a second
+    launch of the same command resumes it from its checkpoint."""
+    args = [*common(tmp_path), "train.batch_size=2", f"train.fsdp={str(fsdp).lower()}", "hydra.run.dir=run"]
+    first = torchrun(*args, "train.max_steps=5", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "stopped by train.max_steps=5" in first.stdout
+    second = torchrun(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout and "at step 5" in second.stdout
+
+    got = losses(tmp_path / "run")
+    assert sorted(got) == list(range(1, STEPS + 1))  # the resumed run's records replace nothing twice
+    for step in range(1, STEPS + 1):
+        assert got[step] == pytest.approx(one_process[step], abs=1e-5), step
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["parallel"] == ("fsdp" if fsdp else "ddp")
+    assert summary["steps"] == STEPS and summary["tokens"] == STEPS * 4 * 32
+    # only rank 0 writes: one run directory, one log line per step, nothing else in outputs/
+    assert not (tmp_path / "outputs").exists()
+    assert second.stdout.count("done: ") == 1
+
+    third = torchrun(*args, cwd=tmp_path)  # a finished run is not trained again
+    assert third.returncode == 0 and "finished already" in third.stdout
+    assert losses(tmp_path / "run") == got
