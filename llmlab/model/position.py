@@ -57,6 +57,8 @@ class RotaryAngles:
 
 
 class Position(nn.Module):
+    bounded = False  # True: positions past max_seq_len have no embedding
+
     def __init__(self, cfg, d_model: int, max_seq_len: int):
         super().__init__()
         self.cfg = cfg
@@ -122,10 +124,14 @@ class Learned(Position):
         super().__init__(cfg, d_model, max_seq_len)
         self.table = nn.Embedding(max_seq_len, d_model)
 
-    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        last = int(positions[-1])
-        if last >= self.max_seq_len:
+    bounded = True
+
+    def check_end(self, end: int) -> None:
+        """``end``: one past the last position, a plain int (no device sync, no graph break)."""
+        if end > self.max_seq_len:
             raise UserError(
                 f"pos=learned knows positions 0..{self.max_seq_len - 1} (model.max_seq_len); "
-                f"position {last} is past the end")
+                f"position {end - 1} is past the end")
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x + self.table(positions)

@@ -154,6 +154,8 @@ class Transformer(nn.Module):
         """idx: (B, T) token ids; targets: (B, T), IGNORE where there is no loss."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
+        if self.pos.bounded:
+            self.pos.check_end(start + T)
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.pos.embed(self.embed(idx), positions)  # (B, T, d)
         rotary = self.pos.rotary(positions)

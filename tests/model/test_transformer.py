@@ -279,3 +279,17 @@ def test_impossible_shapes_are_config_errors():
         tiny_spec(attention={"kind": "swa", "window": 0})
     with pytest.raises(ConfigError, match=r"^model.moe.top_k: must be in \[1, model.moe.n_experts=2\], got 3$"):
         tiny_spec(ffn="moe", moe={"n_experts": 2, "top_k": 3})
+
+
+@pytest.mark.parametrize("attn", ATTENTION.names())
+@pytest.mark.parametrize("pos", POSITION.names())
+def test_training_forward_compiles_to_one_graph(attn, pos):
+    """torch.compile sees the whole training forward as one graph: no host sync or
+    data-dependent branch (a graph break costs throughput on a GPU at every step)."""
+    import torch._dynamo
+    model = tiny_model(attention=ATTN[attn], pos={"kind": pos}).train()
+    x = torch.randint(0, 97, (2, 32))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x, x)
+    assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert explained.graph_count == 1
