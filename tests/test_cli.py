@@ -222,3 +222,48 @@ def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, sig):
     assert len(ckpts) == 1 and ckpts[0].startswith("step_")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["steps"] == int(ckpts[0].split("_")[1])
+
+
+def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
+    """SIGKILL at an arbitrary moment (perhaps inside a save): every checkpoint left behind
+    loads whole, and the same command resumes from the latest one."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from llmlab.train.checkpoint import list_checkpoints, load_checkpoint
+    from tests.conftest import REPO, SAMPLE_TEXTS
+    (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
+    env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "llmlab", "train", "data=text", f"data.paths={tmp_path}/c.txt", *TINY,
+           "train.steps=100000", "train.ckpt_every=3", "train.keep_checkpoints=2", "train.eval_every=0",
+           "train.log_every=1", "hydra.run.dir=run"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    root = tmp_path / "run" / "checkpoints"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list_checkpoints(root)) < 2:
+        time.sleep(0.05)
+    time.sleep(0.37)  # somewhere in a later step or save
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    found = list_checkpoints(root)
+    assert len(found) >= 2
+    for path in found:  # whatever is visible is complete
+        ckpt = load_checkpoint(path)
+        assert ckpt.trainer_state()["optimizer"]["state"]
+    last = int(found[-1].name.split("_")[1])
+    logged = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if line.endswith("}")]
+    assert max(logged) - last < 3 + 1  # at most the steps since the last checkpoint are lost
+
+    again = subprocess.run([*cmd, f"train.max_steps={last + 2}"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert f"resumed from {found[-1]} at step {last}" in again.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, last + 3))  # the lost steps were trained again, each logged once
+    assert not list(root.glob(".tmp-*"))  # a save cleans up what a killed save left

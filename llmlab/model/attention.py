@@ -74,9 +74,8 @@ class GroupedQueryAttention(nn.Module):
         self.n_heads, self.kv_heads = n_heads, kv_heads
         self.head_dim = d_model // n_heads
         self.causal = causal
-        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_heads * self.head_dim, bias=bias)
+        # q, k and v in one matmul: rows [0, H Dh) are the queries, then Hkv Dh of keys, then values
+        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
         self.o_proj.residual_out = True
 
@@ -85,6 +84,10 @@ class GroupedQueryAttention(nn.Module):
         return cfg.kv_heads
 
     # -- sizes -------------------------------------------------------------------------
+    def qkv_sizes(self) -> list[int]:
+        """Output widths of q, k and v inside ``qkv_proj``."""
+        return [self.n_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.kv_heads * self.head_dim * dtype_bytes
 
@@ -99,9 +102,10 @@ class GroupedQueryAttention(nn.Module):
     def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
-        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes(), dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotary.apply(q), rotary.apply(k)
         k_pos = positions
         if cache is not None:

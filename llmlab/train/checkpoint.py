@@ -57,6 +57,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
     already gathered (each tied tensor once)."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
+    for stale in ckpt_root.glob(".tmp-step_*"):  # left by a save that was killed; one writer per run
+        shutil.rmtree(stale, ignore_errors=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
     try:

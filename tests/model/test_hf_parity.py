@@ -1,6 +1,7 @@
 """The llama and gpt2 presets against Hugging Face `transformers` implementations, with the
 same weights: logits agree to 1e-4. (Parity tests, not an export feature.)"""
 
+import pytest
 import torch
 
 from llmlab.model.transformer import Transformer
@@ -36,8 +37,9 @@ def test_llama_preset_matches_llama_for_causal_lm():
         p = f"model.layers.{i}."
         sd[p + "input_layernorm.weight"] = blk.attn_norm.weight
         sd[p + "post_attention_layernorm.weight"] = blk.ffn_norm.weight
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            sd[p + f"self_attn.{name}.weight"] = getattr(blk.attn, name).weight
+        q, k, v = blk.attn.qkv_proj.weight.split(blk.attn.qkv_sizes())
+        sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"], sd[p + "self_attn.v_proj.weight"] = q, k, v
+        sd[p + "self_attn.o_proj.weight"] = blk.attn.o_proj.weight
         for name in ("gate_proj", "up_proj", "down_proj"):
             sd[p + f"mlp.{name}.weight"] = getattr(blk.ffn, name).weight
     missing, unexpected = ref.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
@@ -47,11 +49,12 @@ def test_llama_preset_matches_llama_for_causal_lm():
         assert torch.allclose(ours(x).logits, ref(x).logits, atol=1e-4)
 
 
-def test_gpt2_preset_matches_gpt2_lm_head_model():
-    ours = build("gpt2", d_model=64, n_layers=2, n_heads=4, max_seq_len=64)
+@pytest.mark.parametrize("ffn, activation", [("gelu", "gelu"), ("gelu_tanh", "gelu_new")])
+def test_gpt2_preset_matches_gpt2_lm_head_model(ffn, activation):
+    ours = build("gpt2", d_model=64, n_layers=2, n_heads=4, max_seq_len=64, ffn=ffn)
     cfg = transformers.GPT2Config(
         vocab_size=ours.padded_vocab, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function=activation, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         layer_norm_epsilon=ours.spec.norm.eps, tie_word_embeddings=True)
     ref = transformers.GPT2LMHeadModel(cfg).eval()
     sd = {"transformer.wte.weight": ours.embed.weight, "transformer.wpe.weight": ours.pos.table.weight,
@@ -59,8 +62,7 @@ def test_gpt2_preset_matches_gpt2_lm_head_model():
     for i, blk in enumerate(ours.blocks):
         p, a = f"transformer.h.{i}.", blk.attn
         # GPT-2's Conv1D stores (in, out): transposes of nn.Linear weights; q, k, v are fused
-        sd[p + "attn.c_attn.weight"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).T
-        sd[p + "attn.c_attn.bias"] = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+        sd[p + "attn.c_attn.weight"], sd[p + "attn.c_attn.bias"] = a.qkv_proj.weight.T, a.qkv_proj.bias
         sd[p + "attn.c_proj.weight"], sd[p + "attn.c_proj.bias"] = a.o_proj.weight.T, a.o_proj.bias
         sd[p + "ln_1.weight"], sd[p + "ln_1.bias"] = blk.attn_norm.weight, blk.attn_norm.bias
         sd[p + "ln_2.weight"], sd[p + "ln_2.bias"] = blk.ffn_norm.weight, blk.ffn_norm.bias

@@ -218,7 +218,7 @@ def test_vocab_padded_and_tied_head():
 def test_residual_projections_get_scaled_init():
     model = Transformer(tiny_spec(n_layers=8, d_model=64, init_std=0.02))
     o = model.blocks[0].attn.o_proj.weight.std().item()
-    q = model.blocks[0].attn.q_proj.weight.std().item()
+    q = model.blocks[0].attn.qkv_proj.weight.std().item()
     assert abs(q - 0.02) < 0.003
     assert abs(o - 0.02 / 4) < 0.001  # 1 / sqrt(2 * 8)
 
@@ -273,7 +273,7 @@ def test_impossible_shapes_are_config_errors():
         Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": 3}))
     with pytest.raises(ConfigError, match=r"^model.n_heads: 5 does not divide model.d_model=32$"):
         tiny_spec(n_heads=5)
-    with pytest.raises(ConfigError, match=r"^model.ffn: unknown model.ffn 'relu3'; allowed: gelu, moe, relu2, swiglu$"):
+    with pytest.raises(ConfigError, match=r"^model.ffn: unknown model.ffn 'relu3'; allowed: gelu, gelu_tanh, moe, relu2, swiglu$"):
         tiny_spec(ffn="relu3")
     with pytest.raises(ConfigError, match=r"^attention.window: must be >= 1, got 0$"):
         tiny_spec(attention={"kind": "swa", "window": 0})

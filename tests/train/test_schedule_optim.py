@@ -110,7 +110,7 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     muon_params = {id(p) for g in muon.param_groups for p in g["params"]}
     assert id(model.embed.weight) not in muon_params
-    assert id(model.blocks[0].attn.q_proj.weight) in muon_params
+    assert id(model.blocks[0].attn.qkv_proj.weight) in muon_params
     assert id(model.blocks[0].attn_norm.weight) not in muon_params
     n_all = len({id(p) for p in model.parameters()})
     assert len(muon_params) + sum(len(g["params"]) for g in adamw.param_groups) == n_all
