@@ -15,7 +15,7 @@ LLMLAB := $(PYTHON) -m llmlab
 PROMPT ?= def fib(
 SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
 
-.PHONY: install run test test-all bench clean distclean
+.PHONY: install run test test-all bench bench-gpu clean distclean
 
 install:  ## editable install with the test extra; does nothing when already installed
 	@if [ ! -x "$(PYTHON)" ]; then echo "creating .venv"; python3 -m venv .venv; fi
@@ -39,6 +39,10 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.tokenize_speed --shakespeare "$(SHAKESPEARE)"
 	$(PYTHON) -m bench.attention
 	$(PYTHON) -m bench.train_default
+	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"
+
+bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop; results go to bench/results/
+	$(PYTHON) -m bench.gpu --batch-size 32
 
 clean:  ## run outputs, prepared data and build leftovers (keeps .venv)
 	rm -rf outputs multirun wandb .cache .pytest_cache build dist *.egg-info

@@ -94,7 +94,7 @@ def main() -> None:
             result["plain"] = plain
             result["llmlab_vs_plain"] = summary["tokens_per_s"] / plain["tokens_per_s"]
     print(json.dumps(result, indent=2))
-    path = write_result(f"gpu_gpt2{'_nocompile' if args.no_compile else ''}", result)
+    path = write_result(f"gpu_gpt2_bs{args.batch_size}{'_nocompile' if args.no_compile else ''}", result)
     if os.environ.get("OUT"):
         (Path(os.environ["OUT"]) / path.name).write_text(path.read_text())
 

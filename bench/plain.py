@@ -58,7 +58,8 @@ class PlainGPT(nn.Module):
 
 def train_plain(tokens: np.ndarray, vocab: int, d: int, layers: int, heads: int, block: int, batch: int,
                 steps: int, lr: float, warmup: int, min_lr: float, device: str = "cpu", precision: str = "fp32",
-                compile: bool = False, log_every: int = 10, seed: int = 0, weight_decay: float = 0.1) -> dict:
+                compile: bool = False, log_every: int = 10, seed: int = 0, weight_decay: float = 0.1,
+                betas: tuple[float, float] = (0.9, 0.95)) -> dict:
     """Train ``steps`` steps; tokens/s is the median over windows of ``log_every`` steps after
     the first (warm-up, compilation), as llmlab reports it."""
     torch.manual_seed(seed)
@@ -68,7 +69,7 @@ def train_plain(tokens: np.ndarray, vocab: int, d: int, layers: int, heads: int,
     rest = [p for p in model.parameters() if p.dim() < 2]
     fused = dev.type == "cuda"
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True)
+                            lr=lr, betas=betas, fused=fused, foreach=None if fused else True)
     step_model = torch.compile(model) if compile else model
     amp = (torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16"
            else torch.autocast(dev.type, enabled=False))

@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     if command not in USAGE_COMMANDS:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
+    if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
+        fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
     preflight(command, rest)
     rest = name_sweep_runs_by_swept_keys(rest)
     if command == "train":
@@ -232,7 +234,17 @@ def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:
     fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override()})
     if not fixed:
         return args
-    return [*args, f"hydra.job.config.override_dirname.exclude_keys=[{','.join(fixed)}]"]
+    return add_overrides(args, [f"hydra.job.config.override_dirname.exclude_keys=[{','.join(fixed)}]"])
+
+
+def add_overrides(args: list[str], extra: list[str]) -> list[str]:
+    """``args`` with ``extra`` overrides placed just before the first of the user's, so all
+    overrides stay one run of positional arguments (argparse rejects a second run after a
+    flag such as ``--cfg job``)."""
+    for i, a in enumerate(args):
+        if "=" in a and not a.startswith("-") and (i == 0 or args[i - 1] not in _VALUE_FLAGS):
+            return [*args[:i], *extra, *args[i:]]
+    return [*args, *extra]
 
 
 def name_train_sweep_by_its_overrides(args: list[str]) -> list[str]:
@@ -245,7 +257,8 @@ def name_train_sweep_by_its_overrides(args: list[str]) -> list[str]:
     overrides, _ = split_args(args)
     overrides = [o for o in overrides if not o.startswith("hydra.")]
     digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:6]
-    return [*args, f"hydra.sweep.dir=outputs/train-sweep/{path_slug('_'.join(overrides), 48)}-{digest}"]
+    # quoted: the slug keeps '=' and ',', which Hydra's override grammar reads as syntax
+    return add_overrides(args, [f"hydra.sweep.dir='outputs/train-sweep/{path_slug('_'.join(overrides), 80)}-{digest}'"])
 
 
 def keep_worker_ranks_out_of_outputs(args: list[str]) -> list[str]:
@@ -258,8 +271,8 @@ def keep_worker_ranks_out_of_outputs(args: list[str]) -> list[str]:
         return args
     scratch = Path(tempfile.gettempdir()) / f"llmlab-rank{os.environ['RANK']}"
     args = [a for a in args if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir=", "hydra.output_subdir="))]
-    return [*args, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null",
-            "hydra/job_logging=disabled"]
+    return add_overrides(args, [f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null",
+                                "hydra/job_logging=disabled"])
 
 
 def register_resolvers() -> None:

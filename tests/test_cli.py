@@ -2,6 +2,7 @@
 whole tokenize -> train -> sample -> eval run on a small corpus."""
 
 import json
+import shutil
 
 import pytest
 
@@ -267,3 +268,29 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, last + 3))  # the lost steps were trained again, each logged once
     assert not list(root.glob(".tmp-*"))  # a save cleans up what a killed save left
+
+
+def test_the_same_sweep_again_skips_finished_runs_and_resumes_the_rest(trained):
+    """A train sweep's directory is named by its overrides, so repeating the command finds
+    its jobs: a finished one is skipped, an unfinished one continues from its checkpoint."""
+    root, _ = trained
+    args = ["train", "-m", "seed=0,1", "data=text", f"data.paths=[{root}/corpus/*]", *TINY, "train.steps=4",
+            "train.ckpt_every=2", "train.eval_every=0"]
+    first = run_cli(*args, cwd=root)
+    assert first.returncode == 0, first.stderr
+    (sweep,) = list((root / "outputs" / "train-sweep").iterdir())
+    assert sweep.name.startswith("seed=0,1_data=text")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [j.name for j in jobs] == ["0_seed=0", "1_seed=1"]
+    summary0 = (jobs[0] / "summary.json").read_text()
+    # job 1 "died" after its step-2 checkpoint
+    (jobs[1] / "summary.json").unlink()
+    shutil.rmtree(jobs[1] / "checkpoints" / "step_000004")
+
+    again = run_cli(*args, cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("finished already") == 1
+    assert f"resumed from {jobs[1] / 'checkpoints' / 'step_000002'} at step 2" in again.stdout
+    assert (jobs[0] / "summary.json").read_text() == summary0  # untouched
+    assert json.loads((jobs[1] / "summary.json").read_text())["steps"] == 4
+    assert list((root / "outputs" / "train-sweep").iterdir()) == [sweep]

@@ -29,7 +29,7 @@ def test_sweep_dir_names_are_short_and_path_safe():
     assert path_slug("data.paths=[/tmp/a b/*.txt],optim.lr=0.001") == "data.paths=-tmp-a-b-.txt-,optim.lr=0.001"
     from llmlab.cli import name_sweep_runs_by_swept_keys
     args = ["-m", "optim.lr=1e-3,3e-3", "model/attention=mha", "data.paths=[a.txt]"]
-    assert name_sweep_runs_by_swept_keys(args)[-1] == \
+    assert name_sweep_runs_by_swept_keys(args)[1] == \
         "hydra.job.config.override_dirname.exclude_keys=[data.paths,model/attention]"
     assert name_sweep_runs_by_swept_keys(["optim.lr=1"]) == ["optim.lr=1"]  # not a sweep
     assert len(path_slug("x=" + "y" * 500)) <= 60
@@ -56,3 +56,11 @@ def test_ckpt_latest_finds_the_newest_checkpoint(tmp_path, monkeypatch):
         (ckpt / "model.safetensors").write_bytes(b"x")
         os.utime(ckpt / "model.safetensors", (time.time() + i, time.time() + i))
     assert resolve_checkpoint("latest") == tmp_path / "outputs/train-sweep/b/0/checkpoints/step_000010"
+
+
+def test_added_overrides_join_the_users_so_flags_after_them_still_parse():
+    from llmlab.cli import add_overrides
+    args = ["-m", "seed=0,1", "--cfg", "job"]
+    assert add_overrides(args, ["hydra.x=1"]) == ["-m", "hydra.x=1", "seed=0,1", "--cfg", "job"]
+    assert add_overrides(["-m"], ["hydra.x=1"]) == ["-m", "hydra.x=1"]
+    assert add_overrides(["--cfg", "job", "a=1"], ["b=2"]) == ["--cfg", "job", "b=2", "a=1"]

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -33,3 +35,25 @@ def test_unknown_device_and_precision_name_the_key():
         resolve_device("gpu0")
     with pytest.raises(ConfigError, match=r"^precision: unknown 'fp8'; allowed: auto, fp32, bf16, fp16$"):
         resolve_precision("fp8", torch.device("cpu"))
+
+
+def test_apple_chips_map_to_cores_times_the_per_core_rate():
+    from llmlab.train.mfu import apple_gpu_peak
+    assert apple_gpu_peak("Apple M1", 8) == pytest.approx(2.6e12, rel=0.01)
+    assert apple_gpu_peak("Apple M2 Pro", 19) == pytest.approx(19 * 358e9)
+    assert apple_gpu_peak("Apple M9 Ultra", 80) is None  # unknown generation: measure instead
+    assert apple_gpu_peak("Apple M2", None) is None
+    assert apple_gpu_peak("Intel(R) Core(TM) i9", 8) is None
+
+
+def test_the_cpu_probe_runs_once_per_machine_and_is_cached_on_disk(tmp_path, monkeypatch):
+    from llmlab.train import mfu
+    monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(mfu, "_probe", lambda *a: calls.append(a) or 1.5e11)
+    mfu.measured_matmul_peak.cache_clear()
+    assert mfu.measured_matmul_peak("cpu") == 1.5e11
+    mfu.measured_matmul_peak.cache_clear()  # a new process
+    assert mfu.measured_matmul_peak("cpu") == 1.5e11 and len(calls) == 1
+    assert list(json.loads((tmp_path / "peak.json").read_text()).values()) == [1.5e11]
+    mfu.measured_matmul_peak.cache_clear()
