@@ -325,10 +325,11 @@ class Trainer:
                     t_window += time.perf_counter() - t_ckpt
                 progress.update(task, completed=done)
                 if stop.requested:
+                    same = ("the same command without train.max_steps" if stop.requested.startswith("train.max_steps")
+                            else "the same command")
                     progress.console.print(
                         f"stopped by {stop.requested} after step {done}; checkpoint {ckpt_path}. To continue, run "
-                        f"the same command with hydra.run.dir={self.run_dir} (or train.resume={ckpt_path})",
-                        style="yellow")
+                        f"{same} with hydra.run.dir={self.run_dir} (or train.resume={ckpt_path})", style="yellow")
                     break
         return self._finish(done, history, tok_rates, t_start, ckpt_path, bool(stop.requested))
 
