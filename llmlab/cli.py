@@ -18,7 +18,7 @@ from typing import Callable
 USAGE_COMMANDS = {
     "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
     "train": "train a model; prepares the data first when needed",
-    "eval": "score a checkpoint: loss, perplexity, bits per byte",
+    "eval": "score a checkpoint: loss, perplexity, bits per byte; analysis=attention",
     "sample": "generate text from a checkpoint (KV cache, top-k/top-p)",
 }
 

@@ -159,6 +159,49 @@ def test_eval_a_text_file(trained):
     assert json.loads((root / "outputs" / "ev2" / "eval.json").read_text())["source"] == "other.txt"
 
 
+def test_eval_max_batches_and_loss_by_position(trained):
+    root, _ = trained
+    r = run_cli("eval", "ckpt=outputs/run", "max_batches=1", "batch_size=2", "hydra.run.dir=outputs/ev3", cwd=root)
+    assert r.returncode == 0, r.stderr
+    out = root / "outputs" / "ev3"
+    res = json.loads((out / "eval.json").read_text())
+    assert res["windows"] == 2 and res["tokens_scored"] == 2 * 32  # one batch of 2 windows of 32
+    pp = json.loads((out / "per_position.json").read_text())
+    assert pp["position"] == list(range(32)) and pp["tokens"] == [2] * 32
+    assert abs(sum(pp["loss"]) / 32 - res["loss"]) < 1e-6
+    assert (out / "per_position.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_a_datasets_dataset_from_local_files(trained):
+    root, _ = trained
+    rows = [{"text": f"def f{i}(x):\n    return x * {i}\n"} for i in range(60)]
+    (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run_cli("eval", "ckpt=outputs/run", "data=hf", f"data.path={root}/rows.jsonl", "data.val_fraction=0.5",
+                "hydra.run.dir=outputs/ev-hf", cwd=root)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((root / "outputs" / "ev-hf" / "eval.json").read_text())
+    assert res["source"] == "hf:val" and res["tokens_scored"] > 0 and res["bpb"] > 0
+
+
+def test_eval_attention_analysis_writes_numbers_and_figures(trained):
+    root, _ = trained
+    r = run_cli("eval", "ckpt=outputs/run", "analysis=attention", "analysis.windows=2", "analysis.example_tokens=12",
+                "max_batches=1", "hydra.run.dir=outputs/attn", cwd=root)
+    assert r.returncode == 0, r.stderr
+    out = root / "outputs" / "attn"
+    res = json.loads((out / "attention.json").read_text())
+    assert set(res["splits"]) == {"train", "val"}
+    heads = res["splits"]["val"]["layers"][0]["heads"]
+    assert len(heads) == 2 and all(0 < h["normalized_support"] <= 1 for h in heads)
+    assert all(2 ** h["entropy_bits"] <= h["support"] + 1e-9 for h in heads)  # mean of 2^H >= 2^(mean H)
+    for name in ("attention_support_hist.png", "attention_support_by_length.png", "attention_support_grid.png",
+                 "attention_heatmap_layer0.png"):
+        assert name in res["figures"] and (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert "normalised support" in r.stdout.replace("\n", " ") or "normalised" in r.stdout
+    bad = run_cli("eval", "ckpt=outputs/run", "analysis=attention", "analysis.windows=0", cwd=root)
+    one_line_error(bad, 2, "analysis.windows")
+
+
 def test_corrupt_weights_are_refused(trained):
     root, _ = trained
     import shutil

@@ -1,11 +1,19 @@
-"""llmlab eval: checkpoint + data -> loss, perplexity, bits per byte."""
+"""llmlab eval: checkpoint + data -> loss, perplexity, bits per byte, per-position loss, and
+optionally an analysis (``analysis=attention``)."""
 
 import json
 from pathlib import Path
 
 from llmlab.errors import ConfigError
 
-KEYS = ("ckpt", "split", "text", "batch_size", "max_tokens", "device", "precision", "cache_dir", "data")
+KEYS = ("ckpt", "split", "text", "batch_size", "max_batches", "max_tokens", "device", "precision", "cache_dir",
+        "data", "analysis")
+
+
+def _positive_or_null(cfg: dict, key: str) -> None:
+    value = cfg.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"{key}: must be an integer >= 1 or null, got {value!r}")
 
 
 def validate(cfg: dict) -> None:
@@ -16,11 +24,24 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"split: unknown '{cfg.get('split')}'; allowed: train, val")
     if not isinstance(cfg.get("batch_size"), int) or cfg["batch_size"] < 1:
         raise ConfigError(f"batch_size: must be an integer >= 1, got {cfg.get('batch_size')!r}")
-    if cfg.get("max_tokens") is not None and (not isinstance(cfg["max_tokens"], int) or cfg["max_tokens"] < 1):
-        raise ConfigError(f"max_tokens: must be an integer >= 1 or null, got {cfg['max_tokens']!r}")
+    _positive_or_null(cfg, "max_tokens")
+    _positive_or_null(cfg, "max_batches")
     if cfg.get("data") is not None:
         from llmlab.data.corpus import CORPUS
         CORPUS.config(cfg["data"], "data")
+    if cfg.get("analysis") is not None:
+        from llmlab.eval.analysis import ANALYSIS
+        ANALYSIS.config(cfg["analysis"], "analysis")
+
+
+def max_windows(cfg: dict, block: int) -> int | None:
+    """The window cap from ``max_batches`` and ``max_tokens`` (the smaller wins)."""
+    caps = []
+    if cfg.get("max_batches") is not None:
+        caps.append(cfg["max_batches"] * cfg["batch_size"])
+    if cfg.get("max_tokens") is not None:
+        caps.append(max(1, cfg["max_tokens"] // block))
+    return min(caps) if caps else None
 
 
 def run(cfg: dict, run_dir: Path) -> None:
@@ -28,9 +49,10 @@ def run(cfg: dict, run_dir: Path) -> None:
     from rich.table import Table
 
     from llmlab import console
+    from llmlab.data.batches import num_fixed_windows
     from llmlab.eval.data import eval_tokens
     from llmlab.eval.loss import bits_per_byte, evaluate_loss
-    from llmlab.data.batches import num_fixed_windows
+    from llmlab.eval.plots import per_position_plot
     from llmlab.train.checkpoint import build_model, load_checkpoint
     from llmlab.train.device import autocast, resolve_device, resolve_precision
 
@@ -41,20 +63,23 @@ def run(cfg: dict, run_dir: Path) -> None:
     model = build_model(ckpt, device)
     tokens, nbytes, source = eval_tokens(ckpt, cfg)
     block = model.max_seq_len
-    max_windows = None if cfg.get("max_tokens") is None else max(1, cfg["max_tokens"] // block)
-    n_windows = num_fixed_windows(tokens, block, max_windows)
+    cap = max_windows(cfg, block)
+    n_windows = num_fixed_windows(tokens, block, cap)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console.err) as progress:
         task = progress.add_task("eval", total=n_windows)
         res = evaluate_loss(model, tokens, block, int(cfg["batch_size"]), device, autocast(device, precision),
-                            max_windows, on_batch=lambda n: progress.advance(task, n))
+                            cap, on_batch=lambda n: progress.advance(task, n))
     causal = model.objective.causal
-    # bits per byte describe next-token prediction; a masked-token loss reports accuracy instead
+    # bits per byte: the loss per token over the source's bytes per token (a masked-token loss
+    # describes no compression of the text, so it gets none)
     bpb = bits_per_byte(res["loss"], len(tokens), nbytes) if causal else None
+    per_position = res.pop("per_position")
     result = {"ckpt": str(ckpt.path), "step": ckpt.state.get("step"), "source": source,
               "objective": (ckpt.spec.get("objective") or {}).get("kind", "clm"), "tokens_scored": res["tokens"],
-              "loss": res["loss"], "ppl": res["ppl"], "accuracy": res["accuracy"], "bpb": bpb,
-              "bytes_per_token": nbytes / max(1, len(tokens)), "device": str(device), "precision": precision}
+              "windows": res["windows"], "loss": res["loss"], "ppl": res["ppl"], "accuracy": res["accuracy"],
+              "bpb": bpb, "bytes_per_token": nbytes / max(1, len(tokens)), "device": str(device),
+              "precision": precision}
     table = Table(title=f"eval: {ckpt.path}", title_justify="left")
     columns = ("data", "tokens", "loss", "ppl", "accuracy", "bits/byte") if causal else \
         ("data", "masked tokens", "masked loss", "ppl", "masked accuracy")
@@ -63,6 +88,36 @@ def run(cfg: dict, run_dir: Path) -> None:
     row = [source, f"{res['tokens']:,}", f"{res['loss']:.4f}", f"{res['ppl']:.2f}", f"{res['accuracy']:.3f}"]
     table.add_row(*row, *([f"{bpb:.4f}"] if causal else []))
     console.out.print(table)
+    (run_dir / "per_position.json").write_text(json.dumps({"source": source, **per_position}))
+    what = "loss" if causal else "masked-token loss"
+    per_position_plot(per_position, run_dir / "per_position.png", f"{what} by position: {source}, {ckpt.path.name}")
     out = run_dir / "eval.json"
     out.write_text(json.dumps(result, indent=2))
-    console.out.print(f"results: {out}")
+    console.out.print(f"results: {out}; loss by position: {run_dir / 'per_position.png'}")
+    if cfg.get("analysis") is not None:
+        run_analysis(cfg, ckpt, model, tokens, source, device, run_dir)
+
+
+def run_analysis(cfg: dict, ckpt, model, tokens, source: str, device, run_dir: Path) -> None:
+    from llmlab import console
+    from llmlab.eval.analysis import ANALYSIS
+    from llmlab.eval.data import eval_tokens
+
+    analysis = ANALYSIS.build(ANALYSIS.config(cfg["analysis"], "analysis"))
+    if cfg.get("text"):
+        sources = {"text": tokens}
+    else:  # both splits of the same data
+        sources = {s: eval_tokens(ckpt, {**cfg, "split": s})[0] for s in ("train", "val")}
+    attn = ckpt.spec.get("attention", {}).get("kind", "?")
+    result = analysis.run(model, sources, ckpt.tokenizer(), int(cfg["batch_size"]), device, run_dir,
+                          f"{attn}, {ckpt.path.name}")
+    from rich.table import Table
+    table = Table(title=f"attention ({attn}): mean over layers and heads", title_justify="left")
+    for col in ("split", "windows", "entropy (bits)", "support", "normalised support", "diversity (EMD)"):
+        table.add_column(col, justify="left" if col == "split" else "right")
+    for split, s in result["splits"].items():
+        m = s["mean"]
+        table.add_row(split, str(s["windows"]), f"{m['entropy_bits']:.3f}", f"{m['support']:.2f}",
+                      f"{m['normalized_support']:.3f}", f"{m['diversity_emd']:.2f}")
+    console.out.print(table)
+    console.out.print(f"analysis: {run_dir / 'attention.json'} and {len(result['figures'])} figures in {run_dir}")

@@ -29,23 +29,32 @@ def evaluate_loss(model, tokens: np.ndarray, block: int, batch: int, device: tor
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    count = 0
+    # per position in the window: summed loss, scored tokens, correct predictions
+    pos_loss = torch.zeros(block, dtype=torch.float64, device=device)
+    pos_count = torch.zeros(block, dtype=torch.long, device=device)
+    pos_correct = torch.zeros(block, dtype=torch.long, device=device)
     for window in fixed_window_batches(tokens, block, batch, max_windows):
         x, y = model.objective.make_batch(window, model.vocab_size, generator)
         x, y = x.to(device), y.to(device)
         with autocast:
             logits = model(x).logits
-        logits = logits.float().reshape(-1, logits.shape[-1])
-        y = y.reshape(-1)
-        scored = y != IGNORE
-        total += F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum").double()
-        correct += (logits.argmax(-1).eq(y) & scored).sum()
-        count += int(scored.sum())
+        logits = logits.float()  # (B, T, V)
+        scored = y != IGNORE  # (B, T)
+        nll = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none")  # (B, T)
+        pos_loss += nll.double().sum(0)
+        pos_count += scored.sum(0)
+        pos_correct += (logits.argmax(-1).eq(y) & scored).sum(0)
         if on_batch is not None:
             on_batch(window.shape[0])
     model.train(was_training)
-    loss = float(total) / max(1, count)
-    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "accuracy": float(correct) / max(1, count),
-            "tokens": count, "windows": num_fixed_windows(tokens, block, max_windows)}
+    count = int(pos_count.sum())
+    loss = float(pos_loss.sum()) / max(1, count)
+    counts = pos_count.tolist()
+    per_position = {
+        "position": list(range(block)),
+        "loss": [s / c if c else None for s, c in zip(pos_loss.tolist(), counts)],
+        "accuracy": [k / c if c else None for k, c in zip(pos_correct.tolist(), counts)],
+        "tokens": counts,
+    }
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "accuracy": int(pos_correct.sum()) / max(1, count),
+            "tokens": count, "windows": num_fixed_windows(tokens, block, max_windows), "per_position": per_position}

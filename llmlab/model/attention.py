@@ -117,6 +117,10 @@ class GroupedQueryAttention(nn.Module):
     def window(self) -> int | None:
         return None
 
+    def key_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """(Tq, Tk) True where a query sees a key (None: every key); for analysis."""
+        return attention_mask(q_pos, k_pos, self.causal, self.window())
+
     def attend(self, q, k, v, q_pos, k_pos, need_weights: bool):
         window = self.window()
         if need_weights:
@@ -258,6 +262,9 @@ class MultiHeadLatentAttention(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> int:
         return 6 * self.n_heads * seq_len * (self.qk_dim + self.cfg.v_dim)
+
+    def key_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        return attention_mask(q_pos, k_pos, self.causal)
 
     def new_cache(self, batch: int, max_len: int, device, dtype) -> LatentCache:
         return LatentCache(batch, max_len, self.cfg.kv_rank, self.cfg.rope_dim, device, dtype)

@@ -1,0 +1,62 @@
+"""Analyses ``llmlab eval analysis=<kind>`` runs after scoring (config group ``analysis``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llmlab.errors import ConfigError, UserError
+from llmlab.registry import Registry
+
+ANALYSIS = Registry("analysis")
+
+
+@ANALYSIS.register("attention")
+class AttentionAnalysis:
+    """Entropy, support, normalised support and head diversity per layer and head, with
+    figures (see `llmlab.eval.attention`)."""
+
+    @dataclass
+    class Config:
+        kind: str = "attention"
+        windows: int = 16
+        seq_len: int | None = None
+        example_tokens: int = 48
+
+        def check(self, prefix: str) -> None:
+            for key in ("windows", "example_tokens"):
+                if getattr(self, key) < 1:
+                    raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
+            if self.seq_len is not None and self.seq_len < 2:
+                raise ConfigError(f"{prefix}.seq_len: must be >= 2 or null, got {self.seq_len}")
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def run(self, model, sources: dict[str, np.ndarray], tokenizer, batch: int, device: torch.device,
+            out_dir: Path, title: str) -> dict:
+        from llmlab.eval import attention as A
+
+        block = self.cfg.seq_len or model.max_seq_len
+        if block > model.max_seq_len:
+            raise UserError(f"analysis.seq_len: {block} is longer than the model's max_seq_len={model.max_seq_len}")
+        raw, summaries = {}, {}
+        for split, tokens in sources.items():
+            if len(tokens) < block + 1:
+                raise UserError(f"analysis: the {split} tokens ({len(tokens)}) are fewer than one window of "
+                                f"{block + 1}; lower analysis.seq_len")
+            raw[split] = A.collect(model, tokens, block, self.cfg.windows, batch, device)
+            summaries[split] = A.summarize(raw[split])
+        figures = A.draw(raw, summaries, out_dir, title)
+        example_split = "val" if "val" in sources else next(iter(sources))
+        ids = [int(i) for i in sources[example_split][:min(self.cfg.example_tokens, block)]]
+        figures += A.example_heatmaps(model, ids, A.token_labels(tokenizer, ids), out_dir, title, device)
+        result = {"kind": "attention", "seq_len": block, "splits": summaries,
+                  "example": {"split": example_split, "tokens": ids},
+                  "figures": [p.name for p in figures]}
+        (out_dir / "attention.json").write_text(json.dumps(result, indent=2))
+        return result
