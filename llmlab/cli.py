@@ -19,7 +19,7 @@ USAGE_COMMANDS = {
     "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
     "train": "train a model; prepares the data first when needed",
     "eval": "score a checkpoint: loss, perplexity, bits per byte; analysis=attention",
-    "sample": "generate text from a checkpoint (KV cache, top-k/top-p)",
+    "sample": "generate text from a checkpoint (KV cache, top-k/top-p/min-p, speculative)",
 }
 
 USAGE = "usage: llmlab <command> [key=value ...] [-m] [--cfg job] [--help]\n\ncommands:\n" + "".join(

@@ -136,7 +136,35 @@ def test_sample_several(trained):
     r = run_cli("sample", "ckpt=outputs/run/checkpoints/step_000003", "prompt=x", "num_samples=2",
                 "max_new_tokens=5", "seed=1", cwd=root)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("--- sample ") == 2
+    assert r.stdout.count("--- prompt 1/1, sample ") == 2
+
+
+def test_sample_a_batch_of_prompts_from_a_list_and_a_file(trained):
+    root, _ = trained
+    r = run_cli("sample", "ckpt=outputs/run", "prompt=['def ','class ',x]", "num_samples=2", "max_new_tokens=6",
+                "min_p=0.05", "repetition_penalty=1.3", "hydra.run.dir=outputs/s-list", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("--- prompt ") == 6 and "--- prompt 3/3, sample 2/2 ---\nx" in r.stdout
+    records = [json.loads(line) for line in (root / "outputs" / "s-list" / "samples.jsonl").read_text().splitlines()]
+    assert [rec["prompt"] for rec in records if "prompt" in rec] == ["def ", "def ", "class ", "class ", "x", "x"]
+    (root / "prompts.jsonl").write_text(json.dumps({"prompt": "a\nb"}) + "\n" + json.dumps({"prompt": "c"}) + "\n")
+    f = run_cli("sample", "ckpt=outputs/run", "prompt_file=prompts.jsonl", "max_new_tokens=4", cwd=root)
+    assert f.returncode == 0, f.stderr
+    assert "--- prompt 1/2, sample 1/1 ---\na\nb" in f.stdout and "--- prompt 2/2" in f.stdout
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "min_p=1.5", cwd=root), 2, "min_p")
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=nope.txt", cwd=root), 1, "prompt_file")
+
+
+def test_speculative_sampling_with_a_draft_checkpoint(trained):
+    root, _ = trained
+    common = ["ckpt=outputs/run", "prompt=def ", "max_new_tokens=20", "temperature=0"]
+    plain = run_cli("sample", *common, cwd=root)
+    spec = run_cli("sample", *common, "draft=outputs/run/checkpoints/step_000003", "spec.k=3", cwd=root)
+    assert spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout  # greedy speculative output is the target's greedy output
+    assert "acceptance" in spec.stderr and "speed-up" in spec.stderr and "same tokens as plain greedy" in spec.stderr
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "spec.mtp=true", cwd=root), 1, "spec.mtp", "MTP heads")
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "spec.k=0", cwd=root), 2, "spec.k")
 
 
 def test_eval_reports_loss_ppl_and_bpb(trained):

@@ -1,4 +1,5 @@
-"""llmlab sample: checkpoint + prompt -> text, streamed to stdout."""
+"""llmlab sample: checkpoint + prompt(s) -> text; one prompt streams to stdout. With
+``draft=<ckpt>`` or ``spec.mtp=true``, speculative decoding (exact)."""
 
 import json
 import sys
@@ -7,15 +8,16 @@ from pathlib import Path
 
 from llmlab.errors import ConfigError
 
-KEYS = ("ckpt", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "num_samples", "seed", "device",
-        "precision")
+KEYS = ("ckpt", "prompt", "prompt_file", "max_new_tokens", "temperature", "top_k", "top_p", "min_p",
+        "repetition_penalty", "stop_at_eos", "num_samples", "seed", "device", "precision", "draft", "spec")
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+SPEC_KEYS = ("k", "mtp", "compare")
 
 
 def sampling_config(cfg: dict):
     from llmlab.registry import parse_dataclass
     from llmlab.sample.generate import SamplingConfig
-    return parse_dataclass(SamplingConfig, {k: cfg[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p")
-                                            if k in cfg}, "")
+    return parse_dataclass(SamplingConfig, {k: cfg[k] for k in SAMPLING_KEYS if k in cfg}, "")
 
 
 def validate(cfg: dict) -> None:
@@ -25,8 +27,60 @@ def validate(cfg: dict) -> None:
     sampling_config(cfg).check("")
     if not isinstance(cfg.get("num_samples"), int) or cfg["num_samples"] < 1:
         raise ConfigError(f"num_samples: must be an integer >= 1, got {cfg.get('num_samples')!r}")
-    if cfg.get("prompt") is None:
-        raise ConfigError("prompt: must be a string (\"\" starts from <|endoftext|>)")
+    prompt = cfg.get("prompt")
+    if cfg.get("prompt_file") is None and not (isinstance(prompt, str) or
+                                               (isinstance(prompt, list) and prompt and
+                                                all(isinstance(p, str) for p in prompt))):
+        raise ConfigError("prompt: must be a string or a list of strings (\"\" starts from <|endoftext|>)")
+    spec = cfg.get("spec") or {}
+    for key in spec:
+        if key not in SPEC_KEYS:
+            raise ConfigError(f"spec.{key}: unknown key; allowed: {', '.join(SPEC_KEYS)}")
+    if not isinstance(spec.get("k"), int) or isinstance(spec.get("k"), bool) or spec["k"] < 1:
+        raise ConfigError(f"spec.k: must be an integer >= 1, got {spec.get('k')!r}")
+    for key in ("mtp", "compare"):
+        if not isinstance(spec.get(key), bool):
+            raise ConfigError(f"spec.{key}: expected true or false, got {spec.get(key)!r}")
+    if spec.get("mtp") and cfg.get("draft") is not None:
+        raise ConfigError("spec.mtp: self-speculative decoding uses no draft; drop draft= or spec.mtp=true")
+
+
+def read_prompts(cfg: dict) -> list[str]:
+    from llmlab.errors import UserError
+
+    if cfg.get("prompt_file") is None:
+        prompt = cfg["prompt"]
+        return [prompt] if isinstance(prompt, str) else list(prompt)
+    path = Path(str(cfg["prompt_file"])).expanduser()
+    if not path.is_file():
+        raise UserError(f"prompt_file: {path} is not a file")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".jsonl":
+        prompts = []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise UserError(f"prompt_file: {path}:{n} is not a JSON object with a \"prompt\" ({e})") from e
+    else:
+        prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise UserError(f"prompt_file: {path} holds no prompts")
+    return prompts
+
+
+def causal_checkpoint(path, key: str):
+    from llmlab.errors import UserError
+    from llmlab.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    objective = (ckpt.spec.get("objective") or {}).get("kind", "clm")
+    if objective != "clm":
+        raise UserError(f"{key}: {ckpt.path} was trained with objective={objective} (bidirectional); "
+                        "sampling needs a causal model (objective=clm)")
+    return ckpt
 
 
 def run(cfg: dict, run_dir: Path) -> None:
@@ -34,69 +88,170 @@ def run(cfg: dict, run_dir: Path) -> None:
 
     from llmlab import console
     from llmlab.errors import UserError
-    from llmlab.sample.generate import generate
-    from llmlab.train.checkpoint import build_model, load_checkpoint
-    from llmlab.train.device import resolve_device
+    from llmlab.train.checkpoint import build_model
+    from llmlab.train.device import autocast, resolve_device, resolve_precision
 
     validate(cfg)
     sampling = sampling_config(cfg)
-    ckpt = load_checkpoint(cfg["ckpt"])
-    objective = (ckpt.spec.get("objective") or {}).get("kind", "clm")
-    if objective != "clm":
-        raise UserError(f"ckpt: {ckpt.path} was trained with objective={objective} (bidirectional); "
-                        "sampling needs a causal model (objective=clm)")
+    ckpt = causal_checkpoint(cfg["ckpt"], "ckpt")
     device = resolve_device(str(cfg["device"]))
+    amp = autocast(device, resolve_precision(str(cfg["precision"]), device))
     model = build_model(ckpt, device)
     tok = ckpt.tokenizer()
-    prompt = str(cfg["prompt"])
-    ids = tok.encode(prompt) or ([tok.eos_id] if tok.eos_id is not None else [0])
+    spec = cfg["spec"]
+    draft = None
+    if cfg.get("draft") is not None:
+        dckpt = causal_checkpoint(cfg["draft"], "draft")
+        if dckpt.tokenizer_path.read_bytes() != ckpt.tokenizer_path.read_bytes():
+            raise UserError(f"draft: {dckpt.path} uses another tokenizer than ckpt={ckpt.path}; "
+                            "a draft must share the target's tokenizer")
+        draft = build_model(dckpt, device)
+    elif spec["mtp"] and not len(model.mtp):
+        raise UserError(f"spec.mtp: {ckpt.path} has no MTP heads (model.mtp_heads=0); train with model.mtp_heads=N "
+                        "or pass draft=<ckpt>")
+    prompts = read_prompts(cfg)
     n = int(cfg["num_samples"])
-    x = torch.tensor([ids] * n, device=device)
+    eos_id = tok.eos_id if cfg.get("stop_at_eos", True) else None
+    encoded = [tok.encode(p) or ([tok.eos_id] if tok.eos_id is not None else [0]) for p in prompts]
     gen = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
-    console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}", style="dim")
+    speculative = draft is not None or spec["mtp"]
+    how = (f", speculative: draft {Path(cfg['draft'])}, k={spec['k']}" if draft is not None
+           else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
+    console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{how}", style="dim")
 
-    stream = n == 1
-    produced: list[int] = []
-    printed = ""
-    first_token_at: list[float] = []
-
-    def on_token(tok_ids):
-        nonlocal printed
-        if not first_token_at:
-            first_token_at.append(time.perf_counter())
-        if not stream:
-            return
-        produced.append(int(tok_ids[0]))
-        text = tok.decode(produced, skip_special=True)
-        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-            return
-        sys.stdout.write(text[len(printed):])
-        sys.stdout.flush()
-        printed = text
-
+    stream = len(prompts) == 1 and n == 1
+    writer = StreamWriter(tok) if stream else None
     if stream:
-        sys.stdout.write(prompt)
+        sys.stdout.write(prompts[0])
         sys.stdout.flush()
     t0 = time.perf_counter()
-    out = generate(model, x, sampling, eos_id=tok.eos_id, generator=gen, on_token=on_token)
+    with amp:
+        if speculative:
+            results, stats = _speculative(model, draft, encoded, n, sampling, spec["k"], eos_id, gen, writer)
+        else:
+            results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer)
     elapsed = time.perf_counter() - t0
-    completions = []
-    for row in out[:, len(ids):].tolist():
-        if tok.eos_id is not None and tok.eos_id in row:
-            row = row[:row.index(tok.eos_id)]
-        completions.append(tok.decode(row, skip_special=True))
+    completions = [(i, _completion(tok, row, eos_id)) for i, row in results]
     if stream:
-        rest = completions[0][len(printed):]
+        rest = completions[0][1][len(writer.printed):]
         sys.stdout.write(rest + "\n")
     else:
-        for i, text in enumerate(completions):
-            sys.stdout.write(f"--- sample {i + 1}/{n} ---\n{prompt}{text}\n")
+        for j, (i, text) in enumerate(completions):
+            sys.stdout.write(f"--- prompt {i + 1}/{len(prompts)}, sample {j % n + 1}/{n} ---\n{prompts[i]}{text}\n")
     sys.stdout.flush()
-    new_tokens = (out.shape[1] - len(ids)) * n
-    ttft = (first_token_at[0] - t0) if first_token_at else float("nan")
-    console.err.print(f"{new_tokens} tokens in {elapsed:.2f}s: {new_tokens / max(elapsed, 1e-9):,.1f} tokens/s; "
-                      f"time to first token {ttft * 1000:.0f} ms", style="dim")
+    new_tokens = stats["new_tokens"]
+    ttft = stats["first_token_s"]
+    line = (f"{new_tokens} tokens in {elapsed:.2f}s: {new_tokens / max(elapsed, 1e-9):,.1f} tokens/s; "
+            f"time to first token {ttft * 1000:.0f} ms" if ttft is not None else f"{new_tokens} tokens")
+    record = {"new_tokens": new_tokens, "seconds": elapsed, "tokens_per_s": new_tokens / max(elapsed, 1e-9),
+              "first_token_s": ttft}
+    if speculative:
+        line += (f"; acceptance {stats['acceptance']:.1%}, {stats['tokens_per_forward']:.2f} tokens per target "
+                 f"forward")
+        record.update({k: stats[k] for k in ("acceptance", "tokens_per_forward", "rounds")})
+        if spec["compare"]:
+            with amp:
+                base = _compare(model, encoded, n, sampling, results, stats, gen, device)
+            base["speedup"] = base["plain_seconds"] / max(elapsed, 1e-9)
+            record.update(base)
+            same = ("; same tokens as plain greedy" if base["identical"] else "; differs from plain greedy") \
+                if sampling.temperature == 0 else ""
+            line += f"; plain decoding {base['plain_tokens_per_s']:,.1f} tokens/s, speed-up {base['speedup']:.2f}x{same}"
+    console.err.print(line, style="dim")
     with open(run_dir / "samples.jsonl", "a") as f:
-        for text in completions:
-            f.write(json.dumps({"ckpt": str(ckpt.path), "prompt": prompt, "completion": text,
+        for i, text in completions:
+            f.write(json.dumps({"ckpt": str(ckpt.path), "prompt": prompts[i], "completion": text,
                                 "settings": {k: cfg[k] for k in KEYS if k != "ckpt"}}) + "\n")
+        f.write(json.dumps({"stats": record}) + "\n")
+
+
+class StreamWriter:
+    """Prints a single sample's text as its tokens arrive, holding back a partial character."""
+
+    def __init__(self, tok):
+        self.tok, self.ids, self.printed = tok, [], ""
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(int(token))
+        text = self.tok.decode(self.ids, skip_special=True)
+        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
+            return
+        sys.stdout.write(text[len(self.printed):])
+        sys.stdout.flush()
+        self.printed = text
+
+
+def _completion(tok, row: list[int], eos_id) -> str:
+    if eos_id is not None and eos_id in row:
+        row = row[:row.index(eos_id)]
+    return tok.decode(row, skip_special=True)
+
+
+def _plain(model, encoded, n, sampling, eos_id, gen, writer):
+    """Prompts of one token length share a batch (no padding, so every row is exact)."""
+    import torch
+
+    from llmlab.sample.generate import generate
+
+    device = next(model.parameters()).device
+    by_length: dict[int, list[int]] = {}
+    for i, ids in enumerate(encoded):
+        by_length.setdefault(len(ids), []).append(i)
+    results: dict[int, list[list[int]]] = {}
+    first: list[float] = []
+    new_tokens = 0
+    t0 = time.perf_counter()
+
+    def on_token(toks):
+        if not first:
+            first.append(time.perf_counter() - t0)
+        if writer is not None:
+            writer(int(toks[0]))
+
+    for length, members in by_length.items():
+        x = torch.tensor([encoded[i] for i in members for _ in range(n)], device=device)
+        out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token)
+        rows = out[:, length:].tolist()
+        for r, i in enumerate(m for m in members for _ in range(n)):
+            results.setdefault(i, []).append(rows[r])
+            new_tokens += len(rows[r][:rows[r].index(eos_id) + 1] if eos_id in rows[r] else rows[r])
+    ordered = [(i, row) for i in range(len(encoded)) for row in results[i]]
+    return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
+
+
+def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer):
+    """One sequence at a time: each row accepts a different number of drafts per round."""
+    from llmlab.sample.speculative import speculative_generate
+
+    results, totals, first = [], {"proposed": 0, "accepted": 0, "forwards": 0, "rounds": 0, "new": 0}, None
+    for i, ids in enumerate(encoded):
+        for _ in range(n):
+            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer)
+            results.append((i, out[len(ids):]))
+            first = st.first_token_s if first is None else first
+            totals["proposed"] += st.proposed
+            totals["accepted"] += st.accepted
+            totals["forwards"] += st.target_forwards
+            totals["rounds"] += st.rounds
+            totals["new"] += st.new_tokens
+    return results, {"new_tokens": totals["new"], "first_token_s": first, "rounds": totals["rounds"],
+                     "acceptance": totals["accepted"] / max(1, totals["proposed"]),
+                     "tokens_per_forward": totals["new"] / max(1, totals["forwards"])}
+
+
+def _compare(model, encoded, n, sampling, results, stats, gen, device) -> dict:
+    """Plain decoding of as many tokens per sequence as the speculative run made, timed."""
+    import torch
+
+    from llmlab.sample.generate import generate
+
+    t0 = time.perf_counter()
+    identical = True
+    for (i, row) in results:
+        cfg = type(sampling)(**{**vars(sampling), "max_new_tokens": len(row)})
+        x = torch.tensor([encoded[i]], device=device)
+        out = generate(model, x, cfg, generator=gen)[0, len(encoded[i]):].tolist()
+        identical = identical and out == row
+    plain_s = time.perf_counter() - t0
+    return {"plain_seconds": plain_s, "plain_tokens_per_s": stats["new_tokens"] / max(plain_s, 1e-9),
+            "identical": identical}

@@ -95,7 +95,7 @@ class GroupedQueryAttention(nn.Module):
         """Score and value matmuls, forward + backward (PaLM appendix B: 12 H Dh T per layer)."""
         return 6 * self.n_heads * seq_len * (self.head_dim + self.head_dim)
 
-    def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
+    def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0) -> KVCache:
         return KVCache(batch, self.kv_heads, max_len, self.head_dim, self.head_dim, device, dtype)
 
     # -- forward -----------------------------------------------------------------------
@@ -203,9 +203,9 @@ class SlidingWindowAttention(GroupedQueryAttention):
     def window(self) -> int:
         return self.cfg.window
 
-    def new_cache(self, batch: int, max_len: int, device, dtype) -> RollingKVCache:
+    def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0) -> RollingKVCache:
         return RollingKVCache(batch, self.kv_heads, min(self.cfg.window, max_len), self.head_dim, self.head_dim,
-                              device, dtype)
+                              device, dtype, slack)
 
 
 @ATTENTION.register("mla")
@@ -266,7 +266,7 @@ class MultiHeadLatentAttention(nn.Module):
     def key_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         return attention_mask(q_pos, k_pos, self.causal)
 
-    def new_cache(self, batch: int, max_len: int, device, dtype) -> LatentCache:
+    def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0) -> LatentCache:
         return LatentCache(batch, max_len, self.cfg.kv_rank, self.cfg.rope_dim, device, dtype)
 
     def _split_up(self) -> tuple[torch.Tensor, torch.Tensor]:

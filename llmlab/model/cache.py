@@ -29,17 +29,29 @@ class KVCache:
         positions = torch.arange(end, device=k.device)
         return self.k[:, :, :end], self.v[:, :, :end], positions
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (rejected speculative tokens)."""
+        self.length = min(self.length, length)
+
 
 class RollingKVCache:
     """Keys and values of the last ``window`` positions: a ring buffer, so decoding memory
-    stays bounded however long the text grows. (B, H_kv, window, D)."""
+    stays bounded however long the text grows. (B, H_kv, window + slack, D).
+
+    ``slack`` extra slots keep the positions that a `truncate` by up to ``slack`` positions
+    needs back in view (speculative decoding rolls back rejected tokens)."""
 
     def __init__(self, batch: int, kv_heads: int, window: int, k_dim: int, v_dim: int,
-                 device: torch.device, dtype: torch.dtype):
-        self.k = torch.zeros(batch, kv_heads, window, k_dim, device=device, dtype=dtype)
-        self.v = torch.zeros(batch, kv_heads, window, v_dim, device=device, dtype=dtype)
-        self.slot_pos = torch.full((window,), -1, dtype=torch.long, device=device)  # -1: empty
+                 device: torch.device, dtype: torch.dtype, slack: int = 0):
+        size = window + slack
+        self.k = torch.zeros(batch, kv_heads, size, k_dim, device=device, dtype=dtype)
+        self.v = torch.zeros(batch, kv_heads, size, v_dim, device=device, dtype=dtype)
+        self.slot_pos = torch.full((size,), -1, dtype=torch.long, device=device)  # -1: empty
         self.length = 0
+
+    def truncate(self, length: int) -> None:
+        self.slot_pos[self.slot_pos >= length] = -1
+        self.length = min(self.length, length)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return the buffered keys/values followed by the new ones (the attention mask sorts out
@@ -78,6 +90,9 @@ class LatentCache:
         self.length = end
         return self.latent[:, :end], self.k_rope[:, :, :end], torch.arange(end, device=latent.device)
 
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
 
 class ModelCache:
     """One cache per layer plus the next position to write."""
@@ -85,6 +100,12 @@ class ModelCache:
     def __init__(self, layers: list):
         self.layers = layers
         self.pos = 0
+
+    def truncate(self, length: int) -> None:
+        """Drop every position from ``length`` on, in every layer."""
+        for layer in self.layers:
+            layer.truncate(length)
+        self.pos = min(self.pos, length)
 
     def nbytes(self) -> int:
         total = 0

@@ -93,6 +93,7 @@ class ModelOutput:
     loss: torch.Tensor | None = None  # the training loss: main + weighted auxiliary losses
     weights: list | None = None  # per-layer attention weights (B, H, T, Tk), with need_weights
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to log
+    hidden: torch.Tensor | None = None  # (B, T, d): the final normed state the heads read
 
 
 class MTPHead(nn.Module):
@@ -167,7 +168,7 @@ class Transformer(nn.Module):
             cache.pos += T
         h = self.norm(x)
         logits = self.lm_head(h)  # (B, T, V_padded)
-        out = ModelOutput(logits, weights=all_weights if need_weights else None)
+        out = ModelOutput(logits, weights=all_weights if need_weights else None, hidden=h)
         if targets is None:
             return out
         main = _cross_entropy(logits, targets)
@@ -189,6 +190,11 @@ class Transformer(nn.Module):
             out.metrics.update({f"{name}/{k}": v.detach() for k, v in aux.items() if k != "weighted"})
         return out
 
+    def mtp_logits(self, h: torch.Tensor) -> list[torch.Tensor]:
+        """Logits of each MTP head on states ``h`` (B, T, d): head k at position t predicts the
+        token at t + 1 + k."""
+        return [self.lm_head(head(h)) for head in self.mtp]
+
     def aux_losses(self) -> dict[str, dict[str, torch.Tensor]]:
         """Auxiliary losses that parts computed in the last forward (MoE load balance): the
         weighted losses of all layers summed into the training loss, the logged values
@@ -201,10 +207,14 @@ class Transformer(nn.Module):
         return {"moe": {k: torch.stack([p[k] for p in parts]).mean() if k != "weighted"
                         else torch.stack([p[k] for p in parts]).sum() for k in keys}}
 
-    def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> ModelCache:
+    def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+                  slack: int = 0) -> ModelCache:
+        """Caches for ``max_len`` positions; ``slack``: how far `ModelCache.truncate` may roll
+        back (rolling caches keep that many extra positions)."""
         p = next(self.parameters())
         max_len = max_len or self.max_seq_len
-        return ModelCache([blk.attn.new_cache(batch, max_len, p.device, dtype or p.dtype) for blk in self.blocks])
+        return ModelCache([blk.attn.new_cache(batch, max_len, p.device, dtype or p.dtype, slack)
+                           for blk in self.blocks])
 
     # -- the model card ----------------------------------------------------------------
     def param_counts(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from llmlab.errors import ConfigError
 
@@ -16,6 +17,8 @@ class SamplingConfig:
     temperature: float = 0.8  # 0 = greedy
     top_k: int | None = None
     top_p: float = 1.0
+    min_p: float = 0.0  # keep tokens with p >= min_p * max p (Nguyen et al. 2024); 0 = off
+    repetition_penalty: float = 1.0  # CTRL's penalty on tokens already in the text (Keskar et al. 2019); 1 = off
 
     def check(self, prefix: str = "") -> None:
         p = f"{prefix}." if prefix else ""  # sample's keys are top-level: no prefix
@@ -27,6 +30,19 @@ class SamplingConfig:
             raise ConfigError(f"{p}top_p: must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"{p}top_k: must be >= 1 or null, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"{p}min_p: must be in [0, 1), got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"{p}repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty: logits of tokens already in the text (``seen``, a (B, V)
+    bool mask) are divided by ``penalty`` when positive and multiplied when negative."""
+    if seen is None or penalty == 1.0:
+        return logits
+    logits = logits.float()
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
@@ -45,13 +61,36 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torc
     return logits
 
 
-def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+def filter_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below ``min_p`` times the top token's."""
+    if min_p <= 0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+
+
+def token_probs(logits: torch.Tensor, cfg: SamplingConfig, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The distribution a token is drawn from, (B, V) -> (B, V): penalty, temperature, then the
+    top-k, top-p and min-p filters. Greedy (temperature 0) is one-hot on the arg-max."""
+    logits = penalize(logits.float(), seen, cfg.repetition_penalty)
+    if cfg.temperature == 0:
+        return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    logits = filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p)
+    return filter_min_p(logits, cfg.min_p).softmax(dim=-1)
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None,
+               seen: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``logits`` (B, V) -> (B,)."""
     if cfg.temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / cfg.temperature, cfg.top_k, cfg.top_p)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return penalize(logits, seen, cfg.repetition_penalty).argmax(dim=-1)
+    return torch.multinomial(token_probs(logits, cfg, seen), 1, generator=generator).squeeze(-1)
+
+
+def seen_tokens(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, T) ids -> (B, vocab) bool: which tokens each row holds."""
+    seen = torch.zeros(ids.shape[0], vocab, dtype=torch.bool, device=ids.device)
+    return seen.scatter_(1, ids.clamp(max=vocab - 1), True)
 
 
 @torch.no_grad()
@@ -70,6 +109,7 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     window = model.max_seq_len
     out = prompt
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    seen = seen_tokens(prompt, vocab) if cfg.repetition_penalty != 1.0 else None
     cache, feed = None, None
     for _ in range(cfg.max_new_tokens):
         if use_cache:
@@ -80,7 +120,9 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
             logits = model(feed, cache=cache).logits
         else:
             logits = model(out[:, -window:]).logits
-        tok = next_token(logits[:, -1, :vocab], cfg, generator)
+        tok = next_token(logits[:, -1, :vocab], cfg, generator, seen)
+        if seen is not None:
+            seen[torch.arange(tok.shape[0]), tok] = True
         if eos_id is not None:
             tok = torch.where(done, torch.full_like(tok, eos_id), tok)
             done = done | (tok == eos_id)

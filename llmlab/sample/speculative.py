@@ -1,0 +1,187 @@
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023), exact.
+
+Each round a cheap proposer drafts up to k tokens d_1..d_k with known distributions q_i; the
+target scores all of them in one forward pass, giving p_1..p_{k+1}. Draft d_i is accepted with
+probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection the token is drawn from the
+residual norm(max(0, p_i - q_i)) instead, and when all k pass, one more comes from p_{k+1}.
+Every emitted token is then distributed exactly as the target's own sampling would draw it
+(Leviathan et al., appendix A.1); with greedy sampling both p and q are one-hot, so the output
+is the target's greedy output token for token.
+
+Proposers:
+- a draft model (``draft=<ckpt>``), which keeps a KV cache of its own;
+- the target's own multi-token-prediction heads (self-speculative): the state that produced
+  the last accepted token also proposes the next ``mtp_heads`` tokens, so each round costs a
+  single target forward.
+
+p and q are the distributions after the sampling rules (penalty, temperature, top-k, top-p,
+min-p), so the filters stay exact too. Rejected tokens are rolled back from the caches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from llmlab.sample.generate import SamplingConfig, seen_tokens, token_probs
+
+
+def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator | None
+           ) -> tuple[int, int]:
+    """Accept a prefix of ``drafts`` and pick the token after it.
+
+    p: (n + 1, V) target distributions at each draft position and one past the last;
+    q: (n, V) the distributions the drafts were drawn from. Returns (accepted, next token)."""
+    for i, d in enumerate(drafts):
+        u = torch.rand((), generator=generator, device=p.device)
+        if u * q[i, d] < p[i, d]:  # accept with probability min(1, p/q)
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p[i]
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator))
+
+
+class CachedModel:
+    """A model and its KV cache: feed tokens, roll back, refill when the window is full."""
+
+    def __init__(self, model, slack: int):
+        self.model, self.slack = model, slack
+        self.window = model.max_seq_len
+        self.cache = model.new_cache(1, self.window, slack=slack)
+
+    @property
+    def length(self) -> int:
+        return self.cache.pos
+
+    def feed(self, ids: list[int]):
+        x = torch.tensor([ids], device=next(self.model.parameters()).device)
+        return self.model(x, cache=self.cache)
+
+    def rollback(self, length: int) -> None:
+        self.cache.truncate(length)
+
+    def restart(self) -> None:
+        self.cache = self.model.new_cache(1, self.window, slack=self.slack)
+
+
+@dataclass
+class SpecStats:
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    target_forwards: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    first_token_s: float | None = None
+    per_round: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+
+@torch.no_grad()
+def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int, draft=None,
+                         eos_id: int | None = None, generator: torch.Generator | None = None,
+                         on_token: Callable[[int], None] | None = None) -> tuple[list[int], SpecStats]:
+    """Extend one prompt by up to ``cfg.max_new_tokens`` tokens, drafting with ``draft`` or,
+    without one, with the target's MTP heads. Returns (prompt + new tokens, stats)."""
+    if draft is None and not len(target.mtp):
+        raise ValueError("self-speculative decoding needs a model with MTP heads (model.mtp_heads > 0)")
+    target.eval()
+    if draft is not None:
+        draft.eval()
+    k = k if draft is not None else min(k, len(target.mtp))
+    vocab = target.vocab_size
+    window = min(target.max_seq_len, draft.max_seq_len) if draft is not None else target.max_seq_len
+    T = CachedModel(target, slack=k + 1)
+    D = CachedModel(draft, slack=k + 1) if draft is not None else None
+    out = list(prompt)
+    n_prompt = len(prompt)
+    penalty = cfg.repetition_penalty != 1.0
+    stats = SpecStats()
+    t0 = time.perf_counter()
+    state = None  # the target's final state at the last position it processed (MTP proposals)
+    start = 0  # context start: tokens before it are out of the window
+
+    device = next(target.parameters()).device
+
+    def seen_at(prefix: list[int]) -> torch.Tensor | None:
+        if not penalty:
+            return None
+        return seen_tokens(torch.tensor([prefix], device=device), vocab)
+
+    def emit(tokens: list[int]) -> bool:
+        """Append accepted tokens; True when generation is over."""
+        for tok in tokens:
+            out.append(tok)
+            stats.new_tokens += 1
+            if stats.first_token_s is None:
+                stats.first_token_s = time.perf_counter() - t0
+            if on_token is not None:
+                on_token(tok)
+            if (eos_id is not None and tok == eos_id) or stats.new_tokens >= cfg.max_new_tokens:
+                return True
+        return False
+
+    finished = cfg.max_new_tokens == 0
+    while not finished:
+        if len(out) - start > window or T.length == 0:
+            # (re)fill exactly where plain decoding does: the latest `window` tokens at first,
+            # the latest half window once the context is full
+            start = max(start, len(out) - (window // 2 if T.length else window))
+            T.restart()
+            if D is not None:
+                D.restart()
+            state = None
+            if len(out) - start > 1:
+                res = T.feed(out[start:-1])
+                stats.target_forwards += 1
+                state = res.hidden[:, -1:]
+        # drafts the window has room for: the verify pass must see them all in one context
+        n_draft = min(k, window - (len(out) - start))
+        # -- propose ------------------------------------------------------------------------
+        drafts, qs = [], []
+        if D is not None and n_draft:
+            ids = out[start + D.length:]
+            for i in range(n_draft):
+                logits = D.feed(ids).logits[0, -1, :vocab]
+                q = token_probs(logits[None], cfg, seen_at(out + drafts))[0]
+                d = int(torch.multinomial(q, 1, generator=generator))
+                drafts.append(d)
+                qs.append(q)
+                ids = [d]
+        elif D is None and state is not None:
+            for head_logits in target.mtp_logits(state)[:n_draft]:
+                q = token_probs(head_logits[0, -1, :vocab][None], cfg, seen_at(out + drafts))[0]
+                d = int(torch.multinomial(q, 1, generator=generator))
+                drafts.append(d)
+                qs.append(q)
+        # -- verify -------------------------------------------------------------------------
+        base = T.length
+        res = T.feed([out[-1], *drafts])
+        stats.target_forwards += 1
+        logits = res.logits[0, :, :vocab]  # (n + 1, V)
+        ps = torch.stack([token_probs(logits[i][None], cfg, seen_at(out + drafts[:i]))[0]
+                          for i in range(len(drafts) + 1)])
+        j, nxt = verify(ps, torch.stack(qs) if qs else ps[:0], drafts, generator)
+        stats.rounds += 1
+        stats.proposed += len(drafts)
+        stats.accepted += j
+        stats.per_round.append(j + 1)
+        T.rollback(base + 1 + j)  # keep the pending token and the accepted drafts
+        state = res.hidden[:, j:j + 1]
+        if D is not None:
+            D.rollback(min(D.length, len(out) - start + j))  # what it saw of the accepted text
+        finished = emit([*drafts[:j], nxt])
+    stats.seconds = time.perf_counter() - t0
+    return out[:n_prompt + stats.new_tokens], stats

@@ -1,0 +1,137 @@
+"""Speculative decoding: greedy output equals plain greedy for every attention kind, and the
+sampled tokens follow the target's distribution (chi-square tests)."""
+
+import numpy as np
+import pytest
+import torch
+
+from llmlab.eval.stats import chi2_sf
+from llmlab.sample.generate import SamplingConfig, generate, seen_tokens, token_probs
+from llmlab.sample.speculative import speculative_generate, verify
+from tests.conftest import tiny_model
+
+KINDS = [{"kind": "mha"}, {"kind": "gqa", "kv_heads": 2}, {"kind": "mqa"}, {"kind": "swa", "window": 6},
+         {"kind": "mla", "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}]
+
+
+def chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson's chi-square p-value, pooling outcomes with small expected counts."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    return chi2_sf(stat, int(keep.sum()) - 1)
+
+
+@pytest.mark.parametrize("attn", KINDS, ids=[k["kind"] for k in KINDS])
+def test_greedy_speculative_equals_plain_greedy(attn):
+    target = tiny_model(0, attention=attn, init_std=0.3)
+    draft = tiny_model(1, attention=attn, n_layers=1, init_std=0.3)
+    prompt = [3, 5, 7, 9, 11]
+    plain = generate(target, torch.tensor([prompt]), SamplingConfig(max_new_tokens=24, temperature=0.0))[0].tolist()
+    spec, stats = speculative_generate(target, prompt, SamplingConfig(max_new_tokens=24, temperature=0.0), 4, draft)
+    assert spec == plain
+    assert stats.proposed > 0 and stats.accepted < stats.proposed  # both paths ran: rejections happened
+    # a perfect draft (the target itself) is always accepted: k + 1 tokens per target forward
+    same, s2 = speculative_generate(target, prompt, SamplingConfig(max_new_tokens=24, temperature=0.0), 4, target)
+    assert same == plain and s2.acceptance == 1.0 and s2.rounds == 5
+    # past the context window the caches are refilled and rolled back without error
+    long, _ = speculative_generate(target, prompt, SamplingConfig(max_new_tokens=80, temperature=0.0), 4, draft)
+    assert len(long) == len(prompt) + 80
+
+
+def overfit_cycle(model, period: int = 7, steps: int = 150):
+    """Teach a tiny model (and its MTP heads) a repeating sequence, so its heads agree."""
+    seq = torch.arange(33) % period + 1
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        shift = int(torch.randint(0, period, ()))
+        batch = ((seq + shift) % period + 1)[None]
+        loss = model(batch[:, :-1], targets=batch[:, 1:]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("attn", [KINDS[0], KINDS[3], KINDS[4]], ids=["mha", "swa", "mla"])
+def test_self_speculative_with_mtp_heads_equals_plain_greedy(attn):
+    prompt = [3, 5, 7, 9, 11]
+    random = tiny_model(0, attention=attn, mtp_heads=3, init_std=0.3)  # heads that mostly miss
+    trained = overfit_cycle(tiny_model(0, attention=attn, mtp_heads=3))  # heads that mostly hit
+    for model in (random, trained):
+        cfg = SamplingConfig(max_new_tokens=40, temperature=0.0)
+        plain = generate(model, torch.tensor([prompt]), cfg)[0].tolist()
+        spec, stats = speculative_generate(model, prompt, cfg, 4)
+        assert spec == plain and stats.proposed > 0
+        assert stats.target_forwards <= stats.rounds + 2  # one per round, plus the prefill and one refill
+    assert stats.acceptance > 0.5 and stats.target_forwards < 40 / 2  # the trained heads save forwards
+
+
+def test_verify_draws_from_the_target_distribution():
+    """The kernel alone: whatever q proposes, the first emitted token follows p[0] and the
+    first two follow p[0] x p[1] when the first draft is accepted."""
+    g = torch.Generator().manual_seed(0)
+    V = 5
+    p = torch.tensor([[0.5, 0.2, 0.2, 0.1, 0.0], [0.1, 0.1, 0.1, 0.1, 0.6], [0.2] * 5])
+    q = torch.tensor([[0.1, 0.1, 0.2, 0.3, 0.3], [0.3, 0.3, 0.2, 0.1, 0.1]])
+    first = np.zeros(V)
+    pairs = np.zeros((V, V))
+    n = 20000
+    for _ in range(n):
+        drafts = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)]
+        j, nxt = verify(p, q, drafts, g)
+        emitted = [*drafts[:j], nxt]
+        first[emitted[0]] += 1
+        if len(emitted) >= 2:
+            pairs[emitted[0], emitted[1]] += 1
+    assert first[4] == 0  # a token the target never draws is never emitted
+    assert chi2_p(first, p[0].numpy()) > 1e-3
+    # given an accepted first token, the second follows p[1]
+    second = pairs.sum(0)
+    assert chi2_p(second, p[1].numpy()) > 1e-3
+
+
+def test_sampled_tokens_follow_the_target_distribution_with_filters():
+    """End to end on a 6-token vocabulary: the joint distribution of the first two sampled
+    tokens, under temperature, top-k and a repetition penalty, matches the target's."""
+    V = 6
+    target = tiny_model(0, vocab_size=V, vocab_multiple=8, init_std=0.5, n_layers=1)
+    draft = tiny_model(3, vocab_size=V, vocab_multiple=8, init_std=0.5, n_layers=1)
+    cfg = SamplingConfig(max_new_tokens=2, temperature=1.2, top_k=4, repetition_penalty=1.5)
+    prompt = [1, 2, 1]
+    with torch.no_grad():  # the exact target distribution of (t1, t2)
+        joint = np.zeros((V, V))
+        p1 = token_probs(target(torch.tensor([prompt])).logits[:, -1, :V], cfg, seen_tokens(torch.tensor([prompt]), V))[0]
+        for a in range(V):
+            ctx = torch.tensor([prompt + [a]])
+            p2 = token_probs(target(ctx).logits[:, -1, :V], cfg, seen_tokens(ctx, V))[0]
+            joint[a] = (p1[a] * p2).numpy()
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros((V, V))
+    proposed = accepted = 0
+    for _ in range(1500):
+        out, stats = speculative_generate(target, prompt, cfg, 3, draft, generator=g)
+        counts[out[3], out[4]] += 1
+        proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert 0.05 < accepted / proposed < 0.95  # the draft disagrees often enough to test rejections
+    assert chi2_p(counts.ravel(), joint.ravel()) > 1e-3
+
+
+def test_caches_roll_back_exactly():
+    """After truncating, decoding continues exactly as if the rolled-back tokens never came."""
+    for attn in KINDS:
+        model = tiny_model(0, attention=attn, init_std=0.3)
+        x = torch.randint(0, 97, (1, 20), generator=torch.Generator().manual_seed(0))
+        cache = model.new_cache(1, slack=5)
+        with torch.no_grad():
+            model(x[:, :12], cache=cache)
+            model(torch.randint(0, 97, (1, 5)), cache=cache)  # 5 tokens to reject
+            cache.truncate(12)
+            rolled = model(x[:, 12:], cache=cache).logits
+            full = model(x).logits[:, 12:]
+        assert torch.allclose(rolled, full, atol=1e-5), attn["kind"]
