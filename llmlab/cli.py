@@ -20,6 +20,8 @@ USAGE_COMMANDS = {
     "train": "train a model; prepares the data first when needed",
     "eval": "score a checkpoint: loss, perplexity, bits per byte; analysis=attention",
     "sample": "generate text from a checkpoint (KV cache, top-k/top-p/min-p, speculative)",
+    "report": "compare runs and sweeps: tables with 95% CIs over seeds, paired tests, curves",
+    "export": "write a checkpoint as a Hugging Face transformers directory",
 }
 
 USAGE = "usage: llmlab <command> [key=value ...] [-m] [--cfg job] [--help]\n\ncommands:\n" + "".join(

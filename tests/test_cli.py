@@ -230,6 +230,26 @@ def test_eval_attention_analysis_writes_numbers_and_figures(trained):
     one_line_error(bad, 2, "analysis.windows")
 
 
+def test_export_to_transformers_scores_like_llmlab_eval(trained):
+    root, _ = trained
+    import numpy as np
+
+    from tests.export.test_hf import hf_loss
+    r = run_cli("export", "ckpt=outputs/run", "out=exported", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "LlamaForCausalLM" in r.stdout
+    text = "def add(a, b):\n    return a + b\n" * 12
+    (root / "score.txt").write_text(text)
+    e = run_cli("eval", "ckpt=outputs/run", "text=score.txt", "hydra.run.dir=outputs/ev-export", cwd=root)
+    assert e.returncode == 0, e.stderr
+    ours = json.loads((root / "outputs" / "ev-export" / "eval.json").read_text())["loss"]
+    import transformers
+    tokens = np.asarray(transformers.AutoTokenizer.from_pretrained(root / "exported").encode(text), dtype=np.int64)
+    assert abs(hf_loss(root / "exported", tokens, 32) - ours) < 1e-4
+    one_line_error(run_cli("export", "ckpt=outputs/run", "out=exported", cwd=root), 1, "out:", "overwrite=true")
+    one_line_error(run_cli("export", "ckpt=outputs/run", "format=onnx", cwd=root), 2, "format", "hf")
+
+
 def test_corrupt_weights_are_refused(trained):
     root, _ = trained
     import shutil

@@ -1,0 +1,95 @@
+"""Export to transformers: the exported directory loads offline, and its loss on the same
+tokens equals llmlab's within 1e-4; variants transformers cannot represent are refused."""
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformers  # a test dependency (pip install -e ".[test]")
+from llmlab.data.tokenizer import TOKENIZER
+from llmlab.errors import UserError
+from llmlab.eval.loss import evaluate_loss
+from llmlab.export.hf import export_hf
+from llmlab.model.transformer import ModelSpec, Transformer
+from llmlab.train.checkpoint import build_model, load_checkpoint, save_checkpoint
+from tests.model.test_presets import composed
+
+
+def checkpoint(tmp_path, *overrides):
+    """A checkpoint of a small model with non-trivial norms and biases, and a byte tokenizer."""
+    tok = TOKENIZER.build(TOKENIZER.config({"kind": "byte"}, "tokenizer")).make()
+    tok.save(tmp_path / "tokenizer.json")
+    cfg = composed(*overrides, "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=32")
+    spec = ModelSpec.from_config(cfg, vocab_size=tok.vocab_size)
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    path = save_checkpoint(tmp_path / "ckpts", 1, model, spec.to_dict(), cfg, tmp_path / "tokenizer.json",
+                           {"eos": tok.eos})
+    return load_checkpoint(path)
+
+
+def hf_loss(directory, tokens: np.ndarray, block: int) -> float:
+    """Mean next-token loss of the transformers model over the same fixed windows."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    n = (len(tokens) - 1) // block
+    windows = torch.from_numpy(np.stack([tokens[i * block:i * block + block + 1] for i in range(n)])).long()
+    with torch.no_grad():
+        logits = model(windows[:, :-1]).logits
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), windows[:, 1:].reshape(-1)))
+
+
+CASES = {
+    "llama tied": (["model=llama", "model.tie_embeddings=true"], "LlamaForCausalLM"),
+    "llama untied, biases": (["model=llama", "model.tie_embeddings=false", "model.bias=true"], "LlamaForCausalLM"),
+    "gqa": (["model=llama", "model/attention=gqa", "attention.kv_heads=2"], "LlamaForCausalLM"),
+    "mqa": (["model=llama", "model/attention=mqa"], "LlamaForCausalLM"),
+    "swa window = context": (["model=llama", "model/attention=swa", "attention.window=32"], "LlamaForCausalLM"),
+    "tiny with MTP heads": (["model=tiny", "model.mtp_heads=2"], "LlamaForCausalLM"),
+    "gpt2": (["model=gpt2"], "GPT2LMHeadModel"),
+    "gpt2 tanh gelu, untied": (["model=gpt2", "model.ffn=gelu_tanh", "model.tie_embeddings=false"], "GPT2LMHeadModel"),
+    "gpt2 without biases": (["model=gpt2", "model.bias=false"], "GPT2LMHeadModel"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_exported_model_scores_like_llmlab(tmp_path, case):
+    overrides, arch = CASES[case]
+    ckpt = checkpoint(tmp_path, *overrides)
+    model = build_model(ckpt, torch.device("cpu"))
+    res = export_hf(ckpt, model, tmp_path / "hf")
+    assert res["architecture"] == arch
+    tokens = np.random.default_rng(0).integers(0, 257, 32 * 4 + 1)
+    ours = evaluate_loss(model, tokens, 32, 4, torch.device("cpu"), contextlib.nullcontext())["loss"]
+    assert abs(hf_loss(tmp_path / "hf", tokens, 32) - ours) < 1e-4
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "def f(x):\n    return 'ü'\n"
+    assert tok.encode(text, add_special_tokens=False) == ckpt.tokenizer().encode(text)
+    assert tok.eos_token == "<|endoftext|>"
+
+
+REFUSED = {
+    "post-norm": (["model=llama", "norm=post"], "norm.placement=post"),
+    "mla": (["model=mla"], "MLA"),
+    "short window": (["model=llama", "model/attention=swa", "attention.window=8"], "sliding window of 8"),
+    "moe": (["model=llama", "model.ffn=moe"], "mixture of experts"),
+    "mlm": (["model=bert"], "objective=mlm"),
+    "sinusoidal": (["model=llama", "pos=sinusoidal"], "pos=sinusoidal"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_unrepresentable_variants_are_refused_with_the_reason(tmp_path, case):
+    overrides, reason = REFUSED[case]
+    ckpt = checkpoint(tmp_path, *overrides)
+    with pytest.raises(UserError) as e:
+        export_hf(ckpt, build_model(ckpt, torch.device("cpu")), tmp_path / "hf")
+    message = str(e.value)
+    assert reason in message and "\n" not in message and message.startswith("export:")
+    assert not (tmp_path / "hf").exists()  # nothing half-written
