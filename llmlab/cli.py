@@ -105,10 +105,15 @@ def quote_free_text(arg: str) -> str:
         key, value = arg.split("=", 1)
         if value[:1] in ("'", '"'):
             return arg
-        # in Hydra's quoted strings only backslashes before a quote (or the end) are escapes
-        value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
-        value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)
-        return f"{key}='{value}'"
+        return f"{key}={hydra_quote(value)}"
+
+
+def hydra_quote(value: str) -> str:
+    """``value`` as a single-quoted string of Hydra's override grammar."""
+    # in Hydra's quoted strings only backslashes before a quote (or the end) are escapes
+    value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)
+    return f"'{value}'"
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -197,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab import __version__
         print(f"llmlab {__version__}")
         return
-    command, rest = argv[0], [quote_free_text(a) for a in argv[1:]]
+    command, rest = argv[0], argv[1:]
+    if command == "report":
+        rest = paths_to_runs_override(rest)
+    rest = [quote_free_text(a) for a in rest]
     if command not in USAGE_COMMANDS:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
@@ -212,6 +220,24 @@ def main(argv: list[str] | None = None) -> None:
     app = hydra_app(command, module.run)
     sys.argv = [f"llmlab {command}", *rest]
     app()
+
+
+def paths_to_runs_override(args: list[str]) -> list[str]:
+    """``llmlab report DIR ...``: arguments that name existing paths become ``runs=[...]``
+    (sweep directories may hold '=' and ',', so they cannot go through the override grammar
+    unquoted)."""
+    import os
+
+    paths, rest = [], []
+    for i, a in enumerate(args):
+        is_value = i > 0 and args[i - 1] in _VALUE_FLAGS
+        if not a.startswith("-") and not is_value and (os.path.exists(a) or "=" not in a):
+            paths.append(a)
+        else:
+            rest.append(a)
+    if not paths:
+        return rest
+    return add_overrides(rest, [f"runs=[{','.join(hydra_quote(p) for p in paths)}]"])
 
 
 def path_slug(text: str, limit: int = 60) -> str:

@@ -113,6 +113,7 @@ def test_train_writes_a_run_directory(trained):
     assert "params" in result.stdout and "KV cache" in result.stdout  # the model card
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["val_bpb"] > 0
+    assert summary["decode_tokens_per_s"] > 0 and summary["seed"] == 1337  # for llmlab report
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert all(k in records[0] for k in ("train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu"))

@@ -47,3 +47,28 @@ def test_every_preset_trains_from_the_cli(tmp_path, preset):
     losses = [json.loads(line)["train/loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if "train/loss" in line]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.5, losses
+
+
+@pytest.mark.slow
+def test_a_real_sweep_of_two_variants_and_two_seeds_reports_itself(tmp_path):
+    """train -m over 2 attention kinds x 2 seeds, then llmlab report on the sweep directory."""
+    from tests.conftest import SAMPLE_TEXTS
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(SAMPLE_TEXTS.values()) * 4)
+    r = run_cli("train", "-m", "model/attention=mha,mqa", "seed=0,1", "data=text", f"data.paths=[{corpus}]",
+                "tokenizer=byte", "logger=none", "model.d_model=64", "model.n_layers=2", "model.max_seq_len=64",
+                "train.steps=60", "train.eval_every=20", "train.eval_windows=4", "train.batch_size=8",
+                "hydra.sweep.dir=sweep", cwd=tmp_path, timeout=1800)
+    assert r.returncode == 0, r.stderr
+    rep = run_cli("report", "sweep", "baseline=mha", "out=rep", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    groups = {g["group"]: g for g in report["groups"]}
+    assert set(groups) == {"model/attention=mha", "model/attention=mqa"}
+    assert all(g["seeds"] == 2 and g["val_loss_ci95"] is not None for g in groups.values())
+    assert groups["model/attention=mqa"]["kv_cache_bytes_per_token"] < groups["model/attention=mha"]["kv_cache_bytes_per_token"]
+    assert all(g["decode_tokens_per_s"] > 0 and g["train_tokens_per_s"] > 0 for g in groups.values())
+    assert report["matched_tokens"] == 60 * 8 * 64
+    (c,) = report["comparisons"]
+    assert c["pairs"] == 2 and c["t_test_p"] is None  # two seeds: a difference, no p-value
+    assert (tmp_path / "rep" / "report.png").stat().st_size > 10_000

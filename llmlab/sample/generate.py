@@ -134,3 +134,22 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
             break
     model.train(was_training)
     return out
+
+
+def decode_speed(model, tokens: int = 64, prompt_id: int = 0) -> float:
+    """Greedy single-sequence decode rate with the KV cache, in tokens/s after the first
+    token (prefill and warm-up left out). ``tokens`` is capped by the context window."""
+    import time
+
+    device = next(model.parameters()).device
+    tokens = max(2, min(tokens, model.max_seq_len - 1))
+    marks: list[float] = []
+
+    def on_token(_):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        marks.append(time.perf_counter())
+
+    generate(model, torch.tensor([[prompt_id]], device=device),
+             SamplingConfig(max_new_tokens=tokens, temperature=0.0), on_token=on_token)
+    return (len(marks) - 1) / max(marks[-1] - marks[0], 1e-9)

@@ -143,19 +143,23 @@ class JsonlWriter:
         self.file.close()
 
     @staticmethod
-    def truncate_after(path: Path, step: int) -> None:
-        """Drop the records after ``step``: a resumed run logs those steps again."""
+    def truncate_after(path: Path, step: int) -> list[dict]:
+        """Drop the records after ``step``: a resumed run logs those steps again. Returns the
+        records kept."""
         path = Path(path)
         if not path.is_file():
-            return
-        kept = []
+            return []
+        kept, records = [], []
         for line in path.read_text().splitlines():
             try:
-                if json.loads(line).get("step", 0) > step:
-                    continue
+                record = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
+            if record.get("step", 0) > step:
+                continue
             kept.append(line + "\n")
+            records.append(record)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
+        return records

@@ -21,7 +21,7 @@ from llmlab.data.prepare import prepare
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
-from llmlab.sample.generate import SamplingConfig, generate
+from llmlab.sample.generate import SamplingConfig, decode_speed, generate
 from llmlab.train.checkpoint import (Checkpoint, best_checkpoint, latest_in_run, load_checkpoint, load_weights,
                                      save_checkpoint, unique_names)
 from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
@@ -132,6 +132,7 @@ class Trainer:
         peak, self.peak_source = device_peak_flops(device, self.precision)
         self.peak = peak * dist.world_size  # MFU of the whole job
         self.start_step, self.tokens_seen, self.last_val = 0, 0, {}
+        self.previous: list[dict] = []  # metrics.jsonl records of the steps before a resume
         if self.ckpt is not None:
             self._restore(self.ckpt)
         self.tokenizer = prepared.tokenizer()
@@ -181,8 +182,8 @@ class Trainer:
         self.sampler.load_state(ckpt.state["data_rng"])
         self.start_step, self.tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
         self.last_val = ckpt.state.get("val") or {}
-        if self.dist.is_main:
-            JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", self.start_step)
+        if self.dist.is_main:  # the summary covers the steps before the resume too
+            self.previous = JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", self.start_step)
         console.out.print(f"resumed from {ckpt.path} at step {self.start_step}")
 
     # ---- checkpoints, eval ----------------------------------------------------------------
@@ -247,8 +248,9 @@ class Trainer:
         card, steps = self.card, self.steps
         progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                             TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out)
-        history: list[dict[str, float]] = []
-        tok_rates: list[float] = []
+        history: list[dict[str, float]] = list(self.previous)
+        tok_rates: list[float] = [h["perf/tokens_per_s"] for h in self.previous
+                                  if "perf/tokens_per_s" in h and h["step"] > loop.log_every]
         t_start = time.perf_counter()
         done = self.start_step
         ckpt_path = self.ckpt.path if self.ckpt is not None else None
@@ -374,6 +376,8 @@ class Trainer:
         val_losses = [h["val/loss"] for h in history if "val/loss" in h]
         rate = statistics.median(tok_rates) if tok_rates else next(
             (h["perf/tokens_per_s"] for h in reversed(history) if "perf/tokens_per_s" in h), 0.0)
+        # decode speed for the cost card; all ranks take part (FSDP needs every rank in a forward)
+        decode = decode_speed(self.model) if self.model.objective.causal else None
         summary = {
             "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
             "tokens": self.tokens_seen, "elapsed_s": round(elapsed, 2),
@@ -387,6 +391,8 @@ class Trainer:
             "tokens_per_s": rate,
             "tokens_per_s_mean": statistics.fmean(tok_rates) if tok_rates else None,
             "mfu": card["flops_per_token"] * rate / self.peak,
+            "decode_tokens_per_s": decode,
+            "seed": self.job.seed,
             "wall_s": round(time.perf_counter() - self.t_begin, 2),
             "device": str(self.device), "precision": self.precision, "world_size": self.dist.world_size,
             "parallel": ("fsdp" if self.dist.fsdp else "ddp") if self.dist.enabled else None,

@@ -1,0 +1,245 @@
+"""Sweep reports: runs grouped by their overrides minus ``seed``, compared over seeds.
+
+For each group: final validation loss as mean ± 95% CI (Student t over seeds), validation loss
+at a token count every run reached (matched tokens), the cost card (parameters, FLOPs/token,
+KV-cache bytes/token) and speed (training and decode tokens/s). Each group is then compared
+with a baseline group, paired by seed: the mean difference, with paired t-test and sign-test
+p-values from 3 seeds on. One PNG overlays the validation curves, mean over seeds with the
+min-max band.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmlab.errors import UserError
+from llmlab.eval.stats import mean_ci, paired_t_test, sign_test
+
+MIN_SEEDS_FOR_TESTS = 3
+
+
+@dataclass
+class Run:
+    path: Path
+    summary: dict
+    overrides: list[str]
+    seed: Any
+    curve: list[tuple[float, float]]  # (tokens, val loss)
+
+    @property
+    def label_overrides(self) -> list[str]:
+        return [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") != "seed"]
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[Run] = field(default_factory=list)
+
+    def by_seed(self) -> dict[Any, Run]:
+        return {r.seed: r for r in self.runs}
+
+
+def find_runs(paths: list[str | Path]) -> list[Run]:
+    """Every run directory (one with a summary.json) at or under ``paths``."""
+    found: dict[Path, Run] = {}
+    for p in paths:
+        p = Path(p).expanduser()
+        if not p.exists():
+            raise UserError(f"runs: {p} does not exist")
+        candidates = [p / "summary.json"] if (p / "summary.json").is_file() else sorted(p.glob("**/summary.json"))
+        for s in candidates:
+            run = read_run(s.parent)
+            if run is not None:
+                found[s.parent.resolve()] = run
+    if not found:
+        raise UserError(f"runs: no finished runs (summary.json) under {', '.join(map(str, paths))}")
+    return list(found.values())
+
+
+def read_run(path: Path) -> Run | None:
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    overrides: list[str] = []
+    ov = path / ".hydra" / "overrides.yaml"
+    if ov.is_file():
+        from omegaconf import OmegaConf
+        overrides = [str(o) for o in OmegaConf.load(ov)]
+    seed = summary.get("seed")
+    if seed is None:
+        seed = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "seed"), None)
+    curve = []
+    metrics = path / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if "val/loss" in rec and "train/tokens" in rec:
+                curve.append((float(rec["train/tokens"]), float(rec["val/loss"])))
+    curve.sort()
+    return Run(path, summary, [o for o in overrides if not o.startswith("hydra")], seed, curve)
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Group by overrides minus seed; labels keep only the overrides that differ between groups."""
+    keys = {tuple(sorted(r.label_overrides)) for r in runs}
+    shared = set.intersection(*(set(k) for k in keys)) if keys else set()
+    groups: dict[tuple, Group] = {}
+    for run in sorted(runs, key=lambda r: str(r.path)):
+        key = tuple(sorted(r for r in run.label_overrides if r not in shared))
+        if key not in groups:
+            groups[key] = Group(" ".join(key) or ("all runs" if shared else "defaults"))
+        groups[key].runs.append(run)
+    return list(groups.values())
+
+
+def interpolate(curve: list[tuple[float, float]], tokens: float) -> float | None:
+    if not curve or tokens > curve[-1][0] or tokens < curve[0][0]:
+        return None
+    xs, ys = zip(*curve)
+    return float(np.interp(tokens, xs, ys))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def build_report(runs: list[Run], baseline: str | int | None = None) -> dict:
+    groups = group_runs(runs)
+    base = pick_baseline(groups, baseline)
+    ended = [r.curve[-1][0] for r in runs if r.curve]
+    matched = min(ended) if ended and len(ended) == len(runs) else None
+    rows = []
+    for g in groups:
+        finals = [r.summary.get("val_loss") for r in g.runs if r.summary.get("val_loss") is not None]
+        ci = mean_ci(finals) if finals else None
+        at = [interpolate(r.curve, matched) for r in g.runs] if matched is not None else []
+        at = [v for v in at if v is not None]
+        at_ci = mean_ci(at) if at else None
+        first = g.runs[0].summary
+        rows.append({
+            "group": g.label, "seeds": len(g.runs), "runs": [str(r.path) for r in g.runs],
+            "val_loss_mean": ci.mean if ci else None, "val_loss_ci95": ci.half_width if ci else None,
+            "val_loss_values": finals,
+            "val_loss_at_matched_mean": at_ci.mean if at_ci else None,
+            "val_loss_at_matched_ci95": at_ci.half_width if at_ci else None,
+            "params": first.get("params"), "flops_per_token": first.get("flops_per_token"),
+            "kv_cache_bytes_per_token": first.get("kv_cache_bytes_per_token"),
+            "train_tokens_per_s": _mean([r.summary.get("tokens_per_s") for r in g.runs]),
+            "decode_tokens_per_s": _mean([r.summary.get("decode_tokens_per_s") for r in g.runs]),
+            "mfu": _mean([r.summary.get("mfu") for r in g.runs]),
+        })
+    comparisons = [compare(g, base) for g in groups if g is not base]
+    return {"matched_tokens": matched, "baseline": base.label, "groups": rows, "comparisons": comparisons}
+
+
+def pick_baseline(groups: list[Group], baseline: str | int | None) -> Group:
+    if baseline is None:
+        return groups[0]
+    if isinstance(baseline, int) and not isinstance(baseline, bool):
+        if 0 <= baseline < len(groups):
+            return groups[baseline]
+    else:
+        for g in groups:
+            if g.label == str(baseline):
+                return g
+        matches = [g for g in groups if str(baseline) in g.label]
+        if len(matches) == 1:
+            return matches[0]
+    labels = ", ".join(f"{i}: {g.label}" for i, g in enumerate(groups))
+    raise UserError(f"baseline: '{baseline}' names no single group; allowed: {labels}")
+
+
+def compare(group: Group, base: Group) -> dict:
+    """Paired by seed: final val loss of ``group`` minus the baseline's."""
+    mine, theirs = group.by_seed(), base.by_seed()
+    seeds = [s for s in mine if s in theirs and mine[s].summary.get("val_loss") is not None
+             and theirs[s].summary.get("val_loss") is not None]
+    a = [mine[s].summary["val_loss"] for s in seeds]
+    b = [theirs[s].summary["val_loss"] for s in seeds]
+    diffs = [x - y for x, y in zip(a, b)]
+    ci = mean_ci(diffs) if diffs else None
+    enough = len(seeds) >= MIN_SEEDS_FOR_TESTS
+    return {"group": group.label, "baseline": base.label, "pairs": len(seeds),
+            "diff_mean": ci.mean if ci else None, "diff_ci95": ci.half_width if ci else None,
+            "better": sum(d < 0 for d in diffs), "worse": sum(d > 0 for d in diffs),
+            "t_test_p": paired_t_test(a, b) if enough else None, "sign_test_p": sign_test(a, b) if enough else None}
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+def _pm(mean, half, digits=4) -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:.{digits}f}" + (f" ± {half:.{digits}f}" if half is not None else "")
+
+
+def _num(v, fmt="{:,.0f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _p(v) -> str:
+    return f"n<{MIN_SEEDS_FOR_TESTS}" if v is None else f"{v:.3g}"
+
+
+COLUMNS = ("group", "seeds", "val loss (95% CI)", "val loss @ matched tokens", "params", "MFLOPs/token",
+           "KV B/token", "train tok/s", "decode tok/s")
+COMPARE_COLUMNS = ("group", "pairs", "Δ val loss vs baseline (95% CI)", "better / worse", "paired t p", "sign test p")
+
+
+def table_rows(report: dict) -> list[list[str]]:
+    return [[r["group"], str(r["seeds"]), _pm(r["val_loss_mean"], r["val_loss_ci95"]),
+             _pm(r["val_loss_at_matched_mean"], r["val_loss_at_matched_ci95"]), _num(r["params"]),
+             _num(None if r["flops_per_token"] is None else r["flops_per_token"] / 1e6, "{:,.2f}"),
+             _num(r["kv_cache_bytes_per_token"]), _num(r["train_tokens_per_s"]), _num(r["decode_tokens_per_s"])]
+            for r in report["groups"]]
+
+
+def compare_rows(report: dict) -> list[list[str]]:
+    return [[c["group"], str(c["pairs"]), _pm(c["diff_mean"], c["diff_ci95"]), f"{c['better']} / {c['worse']}",
+             _p(c["t_test_p"]), _p(c["sign_test_p"])] for c in report["comparisons"]]
+
+
+def markdown(report: dict, figure: str | None) -> str:
+    def table(cols, rows):
+        lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
+        return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+
+    matched = report["matched_tokens"]
+    out = ["# llmlab report", "",
+           f"Runs grouped by their overrides minus `seed`. Val loss: final validation loss, mean ± 95% CI "
+           f"(Student t over seeds). Matched tokens: {_num(matched)} (the most every run reached).", ""]
+    out += table(COLUMNS, table_rows(report))
+    out += ["", f"## Against the baseline: {report['baseline']}", "",
+            f"Paired by seed; Δ < 0 means lower loss than the baseline. p-values need at least "
+            f"{MIN_SEEDS_FOR_TESTS} seeds.", ""]
+    out += table(COMPARE_COLUMNS, compare_rows(report)) if report["comparisons"] else ["(one group only)"]
+    if figure:
+        out += ["", f"![validation loss curves]({figure})"]
+    return "\n".join(out) + "\n"
+
+
+def curves(runs: list[Run]) -> dict[str, dict]:
+    """Per group: the mean val curve over seeds and its min-max band, on the tokens all its runs share."""
+    out = {}
+    for g in group_runs(runs):
+        with_curves = [r for r in g.runs if r.curve]
+        if not with_curves:
+            continue
+        end = min(r.curve[-1][0] for r in with_curves)
+        xs = sorted({t for r in with_curves for t, _ in r.curve if t <= end})
+        ys = np.array([[interpolate(r.curve, x) if interpolate(r.curve, x) is not None else math.nan for x in xs]
+                       for r in with_curves])
+        out[g.label] = {"x": xs, "mean": np.nanmean(ys, 0), "lo": np.nanmin(ys, 0), "hi": np.nanmax(ys, 0)}
+    return out
