@@ -1,0 +1,40 @@
+"""The sampling rules against hand-computed distributions."""
+
+import math
+
+import pytest
+import torch
+
+from llmlab.errors import ConfigError
+from llmlab.sample.generate import SamplingConfig, penalize, seen_tokens, token_probs
+
+
+def test_min_p_keeps_tokens_near_the_top():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    p = token_probs(logits, SamplingConfig(temperature=1.0, min_p=0.2))  # keep p >= 0.1
+    assert torch.allclose(p, torch.tensor([[0.5, 0.3, 0.12, 0.0]]) / 0.92)
+
+
+def test_repetition_penalty_follows_ctrl():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    seen = seen_tokens(torch.tensor([[0, 1, 1]]), 4)
+    assert seen.tolist() == [[True, True, False, False]]
+    assert torch.allclose(penalize(logits, seen, 2.0), torch.tensor([[1.0, -2.0, 0.5, 3.0]]))
+    p = token_probs(logits, SamplingConfig(temperature=0.5, repetition_penalty=2.0), seen)
+    expected = torch.softmax(torch.tensor([1.0, -2.0, 0.5, 3.0]) / 0.5, -1)
+    assert torch.allclose(p[0], expected)
+
+
+def test_filters_compose_and_greedy_is_one_hot():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    p = token_probs(logits, SamplingConfig(temperature=1.0, top_k=3, top_p=0.6))
+    assert torch.allclose(p, torch.tensor([[0.4, 0.3, 0.0, 0.0]]) / 0.7)  # top-3, then the nucleus of 0.6
+    g = token_probs(logits, SamplingConfig(temperature=0.0, repetition_penalty=3.0), seen_tokens(torch.tensor([[0]]), 4))
+    assert g.tolist() == [[0.0, 1.0, 0.0, 0.0]]  # log 0.4 < 0 is multiplied by 3: token 1 becomes the arg-max
+    assert math.isclose(float(p.sum()), 1.0, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("key, value", [("min_p", 1.0), ("min_p", -0.1), ("repetition_penalty", 0.0)])
+def test_bad_rules_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        SamplingConfig(**{key: value}).check()
