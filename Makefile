@@ -40,6 +40,7 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.attention
 	$(PYTHON) -m bench.train_default
 	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"
+	$(PYTHON) -m bench.speculative
 
 bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop; results go to bench/results/
 	$(PYTHON) -m bench.gpu --batch-size 32

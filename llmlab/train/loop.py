@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_length
-from llmlab.data.prepare import prepare
+from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
@@ -133,6 +133,7 @@ class Trainer:
         self.peak = peak * dist.world_size  # MFU of the whole job
         self.start_step, self.tokens_seen, self.last_val = 0, 0, {}
         self.previous: list[dict] = []  # metrics.jsonl records of the steps before a resume
+        self.warned_peak = False
         if self.ckpt is not None:
             self._restore(self.ckpt)
         self.tokenizer = prepared.tokenizer()
@@ -284,6 +285,12 @@ class Trainer:
                               **{k: float(mean(torch.as_tensor(v, device=device), dist)) / n_acc
                                  for k, v in sorted(extra_acc.items())}}
                     check_finite(record["train/loss"], done, ckpt_path)
+                    if record["perf/mfu"] > 1 and main and not self.warned_peak:
+                        self.warned_peak = True
+                        hint = (f"; the measured peak is kept in {cache_root() / 'peak.json'}: delete it to "
+                                "measure again on an idle machine" if "measured" in self.peak_source else "")
+                        console.err.print(f"MFU is above 100%: this run reaches more than the reference peak "
+                                          f"({self.peak / 1e9:,.0f} GFLOP/s, {self.peak_source}){hint}", style="yellow")
                     history.append(record)
                     if main:
                         self.metrics.write(record)

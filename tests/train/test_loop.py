@@ -122,3 +122,24 @@ def test_batch_tokens_sets_the_accumulation(corpus_dir, tmp_path):
     assert summary["tokens"] == 2 * 256  # 2 steps of 4 micro-batches of 2 x 32 tokens
     with pytest.raises(ConfigError, match=r"^train.batch_tokens: 100 is not a multiple of"):
         run_training(config(corpus_dir, tmp_path, batch_tokens=100), tmp_path / "bad")
+
+
+def test_a_peak_below_the_achieved_rate_is_reported(corpus_dir, tmp_path, monkeypatch, capsys):
+    """MFU above 100% means the reference peak is stale: one warning says so and where it is kept."""
+    import llmlab.train.loop as loop
+    monkeypatch.setattr(loop, "device_peak_flops", lambda device, precision: (1e6, "cpu measured matmul"))
+    run_training(config(corpus_dir, tmp_path, steps=4, log_every=1, eval_every=0), tmp_path / "run")
+    err = capsys.readouterr().err
+    assert err.count("MFU is above 100%") == 1 and "peak.json" in err
+
+
+def test_a_summary_after_a_resume_covers_the_earlier_steps(corpus_dir, tmp_path):
+    """A run resumed at its last step (it was killed before writing summary.json) still
+    reports the throughput of the steps it ran before."""
+    cfg = config(corpus_dir, tmp_path, steps=10, log_every=2, eval_every=0, ckpt_every=10)
+    run_training(cfg, tmp_path / "run")
+    first = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (tmp_path / "run" / "summary.json").unlink()
+    again = run_training(cfg, tmp_path / "run")
+    assert again["steps"] == 10 and again["tokens_per_s"] == pytest.approx(first["tokens_per_s"])
+    assert again["train_loss"] == pytest.approx(first["train_loss"])
