@@ -1,7 +1,7 @@
 """Speculative decoding on the CPU: a target and a draft of about a quarter of its size, both
 trained by ``llmlab train`` on the stdlib corpus with the same tokenizer, greedy.
 
-    python -m bench.speculative [--target-steps 150] [--draft-steps 300] [--k 4]
+    python -m bench.speculative [--target-steps 300] [--draft-steps 300] [--k 4]
 
 For each prompt, plain greedy decoding and speculative greedy decoding of the same number of
 tokens are timed (median of --repeats) and must give the same tokens. Recorded: parameter
@@ -39,8 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="model.d_model=512,model.n_layers=8,model.n_heads=8")
     ap.add_argument("--draft", default="model.d_model=384,model.n_layers=2,model.n_heads=6")
-    ap.add_argument("--target-steps", type=int, default=100)
-    ap.add_argument("--draft-steps", type=int, default=200)
+    ap.add_argument("--target-steps", type=int, default=300)
+    ap.add_argument("--draft-steps", type=int, default=300)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
