@@ -241,6 +241,8 @@ def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer):
 
 def _compare(model, encoded, n, sampling, results, stats, gen, device) -> dict:
     """Plain decoding of as many tokens per sequence as the speculative run made, timed."""
+    import dataclasses
+
     import torch
 
     from llmlab.sample.generate import generate
@@ -248,7 +250,7 @@ def _compare(model, encoded, n, sampling, results, stats, gen, device) -> dict:
     t0 = time.perf_counter()
     identical = True
     for (i, row) in results:
-        cfg = type(sampling)(**{**vars(sampling), "max_new_tokens": len(row)})
+        cfg = dataclasses.replace(sampling, max_new_tokens=len(row))
         x = torch.tensor([encoded[i]], device=device)
         out = generate(model, x, cfg, generator=gen)[0, len(encoded[i]):].tolist()
         identical = identical and out == row

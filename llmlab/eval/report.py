@@ -239,7 +239,6 @@ def curves(runs: list[Run]) -> dict[str, dict]:
             continue
         end = min(r.curve[-1][0] for r in with_curves)
         xs = sorted({t for r in with_curves for t, _ in r.curve if t <= end})
-        ys = np.array([[interpolate(r.curve, x) if interpolate(r.curve, x) is not None else math.nan for x in xs]
-                       for r in with_curves])
+        ys = np.array([[math.nan if (y := interpolate(r.curve, x)) is None else y for x in xs] for r in with_curves])
         out[g.label] = {"x": xs, "mean": np.nanmean(ys, 0), "lo": np.nanmin(ys, 0), "hi": np.nanmax(ys, 0)}
     return out

@@ -21,7 +21,7 @@ min-p), so the filters stay exact too. Rejected tokens are rolled back from the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -78,7 +78,6 @@ class SpecStats:
     new_tokens: int = 0
     seconds: float = 0.0
     first_token_s: float | None = None
-    per_round: list[int] = field(default_factory=list)
 
     @property
     def acceptance(self) -> float:
@@ -177,7 +176,6 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
         stats.rounds += 1
         stats.proposed += len(drafts)
         stats.accepted += j
-        stats.per_round.append(j + 1)
         T.rollback(base + 1 + j)  # keep the pending token and the accepted drafts
         state = res.hidden[:, j:j + 1]
         if D is not None:
