@@ -107,7 +107,8 @@ def run_analysis(cfg: dict, ckpt, model, tokens, source: str, device, run_dir: P
     if cfg.get("text"):
         sources = {"text": tokens}
     else:  # both splits of the same data
-        sources = {s: eval_tokens(ckpt, {**cfg, "split": s})[0] for s in ("train", "val")}
+        sources = {s: tokens if s == cfg["split"] else eval_tokens(ckpt, {**cfg, "split": s})[0]
+                   for s in ("train", "val")}
     attn = ckpt.spec.get("attention", {}).get("kind", "?")
     result = analysis.run(model, sources, ckpt.tokenizer(), int(cfg["batch_size"]), device, run_dir,
                           f"{attn}, {ckpt.path.name}")

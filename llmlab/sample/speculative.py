@@ -113,16 +113,15 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
     start = 0  # context start: tokens before it are out of the window
 
     device = next(target.parameters()).device
-
-    def seen_at(prefix: list[int]) -> torch.Tensor | None:
-        if not penalty:
-            return None
-        return seen_tokens(torch.tensor([prefix], device=device), vocab)
+    # tokens in the text so far, for the repetition penalty: (1, V), kept up to date by emit
+    seen = seen_tokens(torch.tensor([out], device=device), vocab) if penalty else None
 
     def emit(tokens: list[int]) -> bool:
         """Append accepted tokens; True when generation is over."""
         for tok in tokens:
             out.append(tok)
+            if seen is not None:
+                seen[0, tok] = True
             stats.new_tokens += 1
             if stats.first_token_s is None:
                 stats.first_token_s = time.perf_counter() - t0
@@ -150,28 +149,35 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
         n_draft = min(k, window - (len(out) - start))
         # -- propose ------------------------------------------------------------------------
         drafts, qs = [], []
+        # the penalty mask at each draft position: the text so far plus the drafts before it
+        draft_seen = seen.clone() if seen is not None else None
+
+        def draw(logits: torch.Tensor) -> int:
+            q = token_probs(logits[None], cfg, draft_seen)[0]
+            d = int(torch.multinomial(q, 1, generator=generator))
+            drafts.append(d)
+            qs.append(q)
+            if draft_seen is not None:
+                draft_seen[0, d] = True
+            return d
+
         if D is not None and n_draft:
             ids = out[start + D.length:]
-            for i in range(n_draft):
-                logits = D.feed(ids).logits[0, -1, :vocab]
-                q = token_probs(logits[None], cfg, seen_at(out + drafts))[0]
-                d = int(torch.multinomial(q, 1, generator=generator))
-                drafts.append(d)
-                qs.append(q)
-                ids = [d]
+            for _ in range(n_draft):
+                ids = [draw(D.feed(ids).logits[0, -1, :vocab])]
         elif D is None and state is not None:
             for head_logits in target.mtp_logits(state)[:n_draft]:
-                q = token_probs(head_logits[0, -1, :vocab][None], cfg, seen_at(out + drafts))[0]
-                d = int(torch.multinomial(q, 1, generator=generator))
-                drafts.append(d)
-                qs.append(q)
+                draw(head_logits[0, -1, :vocab])
         # -- verify -------------------------------------------------------------------------
         base = T.length
         res = T.feed([out[-1], *drafts])
         stats.target_forwards += 1
-        logits = res.logits[0, :, :vocab]  # (n + 1, V)
-        ps = torch.stack([token_probs(logits[i][None], cfg, seen_at(out + drafts[:i]))[0]
-                          for i in range(len(drafts) + 1)])
+        rows = None
+        if seen is not None:  # row i: the text plus drafts[:i]
+            rows = seen.repeat(len(drafts) + 1, 1)
+            for i, d in enumerate(drafts):
+                rows[i + 1:, d] = True
+        ps = token_probs(res.logits[0, :, :vocab], cfg, rows)  # (n + 1, V), all positions at once
         j, nxt = verify(ps, torch.stack(qs) if qs else ps[:0], drafts, generator)
         stats.rounds += 1
         stats.proposed += len(drafts)

@@ -30,13 +30,20 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def check_lr_and_betas(cfg, prefix: str) -> None:
-    """The checks AdamW and Lion share: a positive lr and betas in [0, 1)."""
+def check_lr_betas_decay(cfg, prefix: str) -> None:
+    """The checks AdamW and Lion share: a positive lr, betas in [0, 1), weight decay >= 0."""
     if not cfg.lr > 0:
         raise ConfigError(f"{prefix}.lr: must be > 0, got {cfg.lr}")
     for key in ("beta1", "beta2"):
         if not 0 <= getattr(cfg, key) < 1:
             raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(cfg, key)}")
+    check_non_negative(cfg, prefix, "weight_decay")
+
+
+def check_non_negative(cfg, prefix: str, *keys: str) -> None:
+    for key in keys:
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{prefix}.{key}: must be >= 0, got {getattr(cfg, key)}")
 
 
 @OPTIMIZER.register("adamw")
@@ -54,9 +61,7 @@ class AdamW:
         decay_embeddings: bool = False
 
         def check(self, prefix: str) -> None:
-            check_lr_and_betas(self, prefix)
-            if self.weight_decay < 0:
-                raise ConfigError(f"{prefix}.weight_decay: must be >= 0, got {self.weight_decay}")
+            check_lr_betas_decay(self, prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -87,6 +92,7 @@ class SGD:
                 raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
             if self.nesterov and self.momentum == 0:
                 raise ConfigError(f"{prefix}.nesterov: needs {prefix}.momentum > 0")
+            check_non_negative(self, prefix, "weight_decay")
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -134,7 +140,7 @@ class Lion:
         decay_embeddings: bool = False
 
         def check(self, prefix: str) -> None:
-            check_lr_and_betas(self, prefix)
+            check_lr_betas_decay(self, prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -190,6 +196,7 @@ class Muon:
         def check(self, prefix: str) -> None:
             if not self.lr > 0 or not self.adamw_lr > 0:
                 raise ConfigError(f"{prefix}.lr and {prefix}.adamw_lr: must be > 0")
+            check_non_negative(self, prefix, "weight_decay", "adamw_weight_decay")
             if self.adjust_lr not in (None, "original", "match_rms_adamw"):
                 raise ConfigError(f"{prefix}.adjust_lr: unknown '{self.adjust_lr}'; allowed: null, original, "
                                   "match_rms_adamw")

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from llmlab.errors import ConfigError
 from llmlab.train.optim import OPTIMIZER, build_optimizer, param_groups
 from llmlab.train.schedule import SCHEDULE
 from tests.conftest import tiny_model
@@ -90,6 +91,12 @@ def test_every_optimizer_lowers_the_loss(kind):
     assert loss.item() < first - 0.5, (kind, first, loss.item())
     state = opt.state_dict()
     opt.load_state_dict(state)  # round-trips for checkpoints
+
+
+@pytest.mark.parametrize("kind", OPTIMIZER.names())
+def test_every_optimizer_refuses_a_negative_weight_decay(kind):
+    with pytest.raises(ConfigError, match=r"^optim.weight_decay: must be >= 0, got -0.1$"):
+        OPTIMIZER.config({"kind": kind, "weight_decay": -0.1}, "optim")
 
 
 def test_lion_step_is_the_sign_of_the_interpolated_momentum():
