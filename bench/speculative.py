@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--keep", default=None, help="keep the two trained runs in this directory")
+    ap.add_argument("--keep", default=None, help="keep the two trained runs in this directory; when it already "
+                    "holds finished target/ and draft/ runs, measure those without training")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
@@ -53,9 +54,13 @@ def main() -> None:
         tmp = Path(args.keep).resolve() if args.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        target_dir = train(tmp, env, "target", args.target.split(","), args.target_steps)
-        draft_dir = train(tmp, env, "draft", args.draft.split(","), args.draft_steps)
-        train_s = time.perf_counter() - t0
+        target_dir, draft_dir = tmp / "target", tmp / "draft"
+        reuse = (target_dir / "summary.json").is_file() and (draft_dir / "summary.json").is_file()
+        if not reuse:
+            train(tmp, env, "target", args.target.split(","), args.target_steps)
+            train(tmp, env, "draft", args.draft.split(","), args.draft_steps)
+        train_s = json.loads((target_dir / "summary.json").read_text())["wall_s"] + \
+            json.loads((draft_dir / "summary.json").read_text())["wall_s"] if reuse else time.perf_counter() - t0
         result = measure(target_dir, draft_dir, args)
         result["train_wall_s"] = round(train_s, 1)
     out = write_result("speculative", result)
