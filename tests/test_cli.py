@@ -58,6 +58,8 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     (["train", "model=gqa", "attention.kv_heads=3"], ["attention.kv_heads: 3 does not divide model.n_heads=4"]),
     (["train", "norm.kind=batchnorm"], ["norm.kind: unknown norm.kind 'batchnorm'", "layernorm, rmsnorm"]),
     (["train", "-m", "optim.lr=1e-3,-2"], ["optim.lr: must be > 0"]),
+    (["train", "distill.data=gen"], ["distill.data: unknown 'gen'", "corpus, teacher"]),
+    (["train", "distill.wieght=0.5"], ["distill.wieght: unknown key", "gen_batch", "weight"]),
     (["sample", "max_new_tokens=-1"], ["max_new_tokens: must be >= 0"]),
     (["sample", "temperature=-0.5"], ["temperature: must be >= 0"]),
     (["sample", "top_p=0"], ["top_p: must be in (0, 1]"]),
@@ -154,6 +156,22 @@ def test_sample_a_batch_of_prompts_from_a_list_and_a_file(trained):
     assert "--- prompt 1/2, sample 1/1 ---\na\nb" in f.stdout and "--- prompt 2/2" in f.stdout
     one_line_error(run_cli("sample", "ckpt=outputs/run", "min_p=1.5", cwd=root), 2, "min_p")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=nope.txt", cwd=root), 1, "prompt_file")
+
+
+def test_distil_a_draft_from_a_trained_run(trained):
+    root, _ = trained
+    corpus = root / "corpus"
+    r = run_cli("train", "data=text", f"data.paths=[{corpus}/*]", *TINY, "model.d_model=16", "train.steps=4",
+                "train.eval_every=0", "distill.teacher=outputs/run", "distill.data=teacher", "distill.gen_batch=4",
+                "hydra.run.dir=outputs/distilled", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "teacher agreement" in r.stdout
+    summary = json.loads((root / "outputs" / "distilled" / "summary.json").read_text())
+    assert summary["teacher"].endswith("step_000006") and 0 <= summary["teacher_agreement"] <= 1
+    spec = run_cli("sample", "ckpt=outputs/run", "prompt=def ", "max_new_tokens=8", "temperature=0",
+                   "draft=outputs/distilled", cwd=root)
+    assert spec.returncode == 0, spec.stderr
+    assert "acceptance" in spec.stderr
 
 
 def test_speculative_sampling_with_a_draft_checkpoint(trained):

@@ -94,6 +94,7 @@ class ModelOutput:
     weights: list | None = None  # per-layer attention weights (B, H, T, Tk), with need_weights
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to log
     hidden: torch.Tensor | None = None  # (B, T, d): the final normed state the heads read
+    main_loss: torch.Tensor | None = None  # the next-token (or masked-token) part of ``loss``
 
 
 class MTPHead(nn.Module):
@@ -172,7 +173,7 @@ class Transformer(nn.Module):
         if targets is None:
             return out
         main = _cross_entropy(logits, targets)
-        out.loss = main
+        out.loss = out.main_loss = main
         out.metrics["loss/main"] = main.detach()
         if len(self.mtp):
             # head k reads the state at t and predicts targets[t + k], the token t + 1 + k

@@ -25,6 +25,7 @@ from llmlab.sample.generate import SamplingConfig, decode_speed, generate
 from llmlab.train.checkpoint import (Checkpoint, best_checkpoint, latest_in_run, load_checkpoint, load_weights,
                                      save_checkpoint, unique_names)
 from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
+from llmlab.train.distill import Distiller
 from llmlab.train.distributed import (any_rank, barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       gradient_sync, init_distributed, load_optimizer_state, mean, shutdown, wrap_model)
 from llmlab.train.loggers import LOGGER, JsonlWriter, NoLogger, SafeLogger
@@ -122,6 +123,8 @@ class Trainer:
         self.optimizer = build_optimizer(job.optim, model, device)
         self.schedule = SCHEDULE.build(job.sched, self.steps)
         self.amp = autocast(device, self.precision)
+        self.distiller = (Distiller(job.distill, model, prepared.path / "tokenizer.json", device, job.seed, dist.rank)
+                          if job.distill.teacher else None)
         self.scaler = grad_scaler(device, self.precision)
         if self.scaler.is_enabled() and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={job.optim.kind} has "
@@ -180,6 +183,9 @@ class Trainer:
             if rank < len(torch_rng):
                 torch.set_rng_state(torch_rng[rank])
                 self.mask_rng.set_state(mask_rng[rank])
+        distill_rng = trainer.get("distill_rng_by_rank")
+        if self.distiller is not None and distill_rng and rank < len(distill_rng):
+            self.distiller.load_state(distill_rng[rank])
         self.sampler.load_state(ckpt.state["data_rng"])
         self.start_step, self.tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
         self.last_val = ckpt.state.get("val") or {}
@@ -194,13 +200,16 @@ class Trainer:
         dist = self.dist
         full = full_model_state(self.model, dist)
         optim_state = full_optimizer_state(self.model, self.optimizer, dist)
-        rngs = gather((torch.get_rng_state(), self.mask_rng.get_state()), dist)
+        rngs = gather((torch.get_rng_state(), self.mask_rng.get_state(),
+                       self.distiller.state() if self.distiller is not None else None), dist)
         path = None
         if dist.is_main:
             prepared = self.prepared
             weights = {k: full[k] for k in self.weight_names}
             trainer = {"optimizer": optim_state, "torch_rng_by_rank": [r[0] for r in rngs],
                        "mask_rng_by_rank": [r[1] for r in rngs]}
+            if self.distiller is not None:
+                trainer["distill_rng_by_rank"] = [r[2] for r in rngs]
             if self.scaler.is_enabled():
                 trainer["scaler"] = self.scaler.state_dict()
             path = save_checkpoint(
@@ -221,6 +230,9 @@ class Trainer:
         res = evaluate_loss(model, self.val_tokens, self.block, loop.batch_size, self.device, self.amp,
                             loop.eval_windows or None)
         out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
+        if self.distiller is not None:
+            out.update(self.distiller.compare(model, self.val_tokens, self.block, loop.batch_size, self.device,
+                                              self.amp, loop.eval_windows or None))
         samples = []
         if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
             out["val/bpb"] = bits_per_byte(res["loss"], 1, self.bytes_per_token_val)
@@ -322,8 +334,10 @@ class Trainer:
                     self.logger.log_samples(samples, done)
                     val = self.last_val
                     bpb = f"  bpb {val['val/bpb']:.4f}" if "val/bpb" in val else ""
+                    agree = (f"  teacher agreement {val['val/teacher_agreement']:.3f} KL {val['val/teacher_kl']:.3f}"
+                             if "val/teacher_agreement" in val else "")
                     progress.console.print(f"step {done:>6}  val loss {val['val/loss']:.4f}  "
-                                           f"ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}")
+                                           f"ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}{agree}")
                     for prompt, text in samples:
                         progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
                     t_window += time.perf_counter() - t_eval  # eval time is not training throughput
@@ -345,14 +359,22 @@ class Trainer:
     def _step(self, loss_acc: torch.Tensor, extra_acc: dict) -> torch.Tensor:
         """Forward and backward over ``grad_accum`` micro-batches; gradients are all-reduced
         on the last one only. Returns the last micro-batch's loss."""
-        loop, model = self.loop, self.model
+        loop, model, distiller = self.loop, self.model, self.distiller
         for micro in range(loop.grad_accum):
-            x, y = model.objective.make_batch(self.sampler.next_window(), model.vocab_size, self.mask_rng)
+            window = (distiller.next_window(self.sampler.next_window, self.amp) if distiller is not None
+                      else self.sampler.next_window())
+            x, y = model.objective.make_batch(window, model.vocab_size, self.mask_rng)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with gradient_sync(self.wrapped, self.dist, sync=micro == loop.grad_accum - 1):
                 with self.amp:
                     out = self.step_model(x, y)
-                self.scaler.scale(out.loss / loop.grad_accum).backward()
+                    loss = out.loss
+                    if distiller is not None:
+                        kl = distiller.loss(x, out.logits)
+                        # the data term keeps (1 - weight); auxiliary losses (MoE, MTP) stay whole
+                        loss = loss + distiller.cfg.weight * (kl - out.main_loss)
+                        out.metrics["distill/kl"] = kl.detach()
+                self.scaler.scale(loss / loop.grad_accum).backward()
             loss_acc += out.metrics["loss/main"].detach()
             for key, value in out.metrics.items():
                 if key != "loss/main":
@@ -400,6 +422,8 @@ class Trainer:
             "mfu": card["flops_per_token"] * rate / self.peak,
             "decode_tokens_per_s": decode,
             "seed": self.job.seed,
+            **({"teacher": str(self.distiller.path), "teacher_agreement": last_val.get("val/teacher_agreement"),
+                "teacher_kl": last_val.get("val/teacher_kl")} if self.distiller is not None else {}),
             "wall_s": round(time.perf_counter() - self.t_begin, 2),
             "device": str(self.device), "precision": self.precision, "world_size": self.dist.world_size,
             "parallel": ("fsdp" if self.dist.fsdp else "ddp") if self.dist.enabled else None,

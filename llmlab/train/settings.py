@@ -13,6 +13,7 @@ from llmlab.errors import ConfigError
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.registry import parse_dataclass
 from llmlab.train.device import PRECISIONS
+from llmlab.train.distill import DistillConfig
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim import OPTIMIZER
 from llmlab.train.schedule import SCHEDULE
@@ -59,7 +60,7 @@ class LoopConfig:
 
 
 TOP_LEVEL = {"seed", "device", "precision", "cache_dir", "data", "tokenizer", "model", "attention", "norm", "pos",
-             "objective", "optim", "sched", "logger", "train"}
+             "objective", "optim", "sched", "logger", "train", "distill"}
 
 
 @dataclass
@@ -75,6 +76,7 @@ class TrainJob:
     sched: Any
     logger: Any
     loop: LoopConfig
+    distill: DistillConfig
 
 
 def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
@@ -104,7 +106,11 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
         sched=SCHEDULE.config(cfg.get("sched"), "sched"),
         logger=LOGGER.config(cfg.get("logger"), "logger"),
         loop=parse_dataclass(LoopConfig, cfg.get("train"), "train"),
+        distill=parse_dataclass(DistillConfig, cfg.get("distill") or {}, "distill"),
     )
+    if job.distill.teacher and job.distill.data == "teacher" and job.distill.prompt_tokens > job.spec.model.max_seq_len:
+        raise ConfigError(f"distill.prompt_tokens: must be at most model.max_seq_len={job.spec.model.max_seq_len}, "
+                          f"got {job.distill.prompt_tokens}")
     if job.loop.batch_tokens is not None:
         micro = job.loop.batch_size * job.spec.model.max_seq_len
         if job.loop.batch_tokens < micro or job.loop.batch_tokens % micro:
