@@ -1,12 +1,14 @@
-"""Speculative decoding on the CPU: a target and a draft of about a quarter of its size, both
+"""Speculative decoding on the CPU: a target and drafts of about a quarter of its size, all
 trained by ``llmlab train`` on the stdlib corpus with the same tokenizer, greedy.
 
-    python -m bench.speculative [--target-steps 300] [--draft-steps 300] [--k 4]
+    python -m bench.speculative [--target-steps 300] [--draft-steps 300] [--distill-steps 300] [--k 4]
 
-For each prompt, plain greedy decoding and speculative greedy decoding of the same number of
-tokens are timed (median of --repeats) and must give the same tokens. Recorded: parameter
-counts and their ratio, acceptance rate, tokens per target forward, tokens/s of each, and the
-speed-up (target > 1.5x). Results go to bench/results/speculative.json.
+Two drafts of one shape: ``draft``, trained on the corpus, and ``distilled``, trained from the
+target on the target's own greedy continuations (``distill.teacher=<target> distill.data=teacher``).
+For each prompt, plain greedy decoding and speculative greedy decoding with each draft are timed
+(median of --repeats) and must give the same tokens. Recorded: parameter counts and their
+ratio, and per draft the acceptance rate, tokens per target forward, tokens/s and the speed-up
+(target > 1.5x). Results go to bench/results/speculative.json.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ def main() -> None:
     ap.add_argument("--draft", default="model.d_model=384,model.n_layers=2,model.n_heads=6")
     ap.add_argument("--target-steps", type=int, default=300)
     ap.add_argument("--draft-steps", type=int, default=300)
+    ap.add_argument("--distill-steps", type=int, default=300, help="steps of the distilled draft; 0 = skip it")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--keep", default=None, help="keep the two trained runs in this directory; when it already "
-                    "holds finished target/ and draft/ runs, measure those without training")
+    ap.add_argument("--keep", default=None, help="keep the trained runs in this directory; runs it already holds "
+                    "finished (target/, draft/, distilled/) are measured without training again")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
@@ -53,22 +56,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-spec-") as tmp_name:
         tmp = Path(args.keep).resolve() if args.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        target_dir, draft_dir = tmp / "target", tmp / "draft"
-        reuse = (target_dir / "summary.json").is_file() and (draft_dir / "summary.json").is_file()
-        if not reuse:
-            train(tmp, env, "target", args.target.split(","), args.target_steps)
-            train(tmp, env, "draft", args.draft.split(","), args.draft_steps)
-        train_s = json.loads((target_dir / "summary.json").read_text())["wall_s"] + \
-            json.loads((draft_dir / "summary.json").read_text())["wall_s"] if reuse else time.perf_counter() - t0
-        result = measure(target_dir, draft_dir, args)
-        result["train_wall_s"] = round(train_s, 1)
+        runs = {"target": (args.target.split(","), args.target_steps),
+                "draft": (args.draft.split(","), args.draft_steps)}
+        if args.distill_steps:
+            runs["distilled"] = (args.draft.split(",") + ["distill.teacher=target", "distill.data=teacher"],
+                                 args.distill_steps)
+        for name, (shape, steps) in runs.items():
+            if not (tmp / name / "summary.json").is_file():
+                train(tmp, env, name, shape, steps)
+        result = measure(tmp / "target", {name: tmp / name for name in runs if name != "target"}, args)
+        result["train_wall_s"] = {name: json.loads((tmp / name / "summary.json").read_text())["wall_s"]
+                                  for name in runs}
     out = write_result("speculative", result)
     print(json.dumps({k: v for k, v in result.items() if k != "prompts"}, indent=2))
     print(f"results: {out}")
 
 
-def measure(target_dir: Path, draft_dir: Path, args) -> dict:
+def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     import torch
 
     from llmlab.sample.generate import SamplingConfig, generate
@@ -77,49 +81,69 @@ def measure(target_dir: Path, draft_dir: Path, args) -> dict:
 
     torch.manual_seed(0)
     cpu = torch.device("cpu")
-    tckpt, dckpt = load_checkpoint(target_dir), load_checkpoint(draft_dir)
-    target, draft = build_model(tckpt, cpu), build_model(dckpt, cpu)
+    tckpt = load_checkpoint(target_dir)
+    target = build_model(tckpt, cpu)
+    drafts = {name: build_model(load_checkpoint(d), cpu) for name, d in draft_dirs.items()}
     tok = tckpt.tokenizer()
     cfg = SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.0)
-    rows, plain_total, spec_total, tokens_total, proposed, accepted, forwards = [], 0.0, 0.0, 0, 0, 0, 0
+    rows, plain_total, tokens_total = [], 0.0, 0
+    totals = {name: {"s": 0.0, "proposed": 0, "accepted": 0, "forwards": 0} for name in drafts}
     with torch.inference_mode():
         generate(target, torch.tensor([tok.encode("x = 1\n")]), SamplingConfig(max_new_tokens=8, temperature=0.0))
         for prompt in PROMPTS:
             ids = tok.encode(prompt)
-            plain_times, spec_times = [], []
-            for _ in range(args.repeats):
+            times: dict[str, list[float]] = {"plain": [], **{name: [] for name in drafts}}
+            stats = {}
+            for _ in range(args.repeats):  # interleaved, so load on the machine hits all alike
                 t = time.perf_counter()
                 plain = generate(target, torch.tensor([ids]), cfg)[0].tolist()
-                plain_times.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                spec, stats = speculative_generate(target, ids, cfg, args.k, draft)
-                spec_times.append(time.perf_counter() - t)
-            if spec != plain:
-                raise SystemExit(f"bench.speculative: greedy outputs differ for prompt {prompt!r}")
+                times["plain"].append(time.perf_counter() - t)
+                for name, draft in drafts.items():
+                    t = time.perf_counter()
+                    spec, stats[name] = speculative_generate(target, ids, cfg, args.k, draft)
+                    times[name].append(time.perf_counter() - t)
+                    if spec != plain:
+                        raise SystemExit(f"bench.speculative: greedy outputs differ for prompt {prompt!r} ({name})")
             new = len(plain) - len(ids)
-            p, s = statistics.median(plain_times), statistics.median(spec_times)
-            plain_total, spec_total, tokens_total = plain_total + p, spec_total + s, tokens_total + new
-            proposed, accepted, forwards = proposed + stats.proposed, accepted + stats.accepted, \
-                forwards + stats.target_forwards
-            rows.append({"prompt": prompt, "new_tokens": new, "plain_s": round(p, 4), "spec_s": round(s, 4),
-                         "speedup": round(p / s, 3), "acceptance": round(stats.acceptance, 3)})
-            print(f"{prompt!r:42} plain {new / p:7.1f} tok/s  speculative {new / s:7.1f} tok/s  "
-                  f"x{p / s:.2f}  acceptance {stats.acceptance:.0%}")
+            p = statistics.median(times["plain"])
+            plain_total, tokens_total = plain_total + p, tokens_total + new
+            row = {"prompt": prompt, "new_tokens": new, "plain_s": round(p, 4)}
+            line = f"{prompt!r:42} plain {new / p:6.1f} tok/s"
+            for name in drafts:
+                s = statistics.median(times[name])
+                total = totals[name]
+                total["s"] += s
+                total["proposed"] += stats[name].proposed
+                total["accepted"] += stats[name].accepted
+                total["forwards"] += stats[name].target_forwards
+                row[name] = {"spec_s": round(s, 4), "speedup": round(p / s, 3),
+                             "acceptance": round(stats[name].acceptance, 3)}
+                line += f"  {name} x{p / s:.2f} ({stats[name].acceptance:.0%})"
+            rows.append(row)
+            print(line)
     tp = sum(p.numel() for p in target.parameters())
-    dp = sum(p.numel() for p in draft.parameters())
-    return {
+    summary = lambda d: json.loads((d / "summary.json").read_text())  # noqa: E731
+    result = {
         "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "k": args.k,
         "target": {"overrides": args.target, "steps": args.target_steps, "params": tp,
-                   "val_loss": json.loads((target_dir / "summary.json").read_text())["val_loss"]},
-        "draft": {"overrides": args.draft, "steps": args.draft_steps, "params": dp,
-                  "val_loss": json.loads((draft_dir / "summary.json").read_text())["val_loss"]},
-        "draft_over_target_params": round(dp / tp, 3),
+                   "val_loss": summary(target_dir)["val_loss"]},
         "new_tokens_per_prompt": args.new_tokens, "prompts": rows,
-        "plain_tokens_per_s": tokens_total / plain_total, "spec_tokens_per_s": tokens_total / spec_total,
-        "speedup": plain_total / spec_total, "acceptance": accepted / max(1, proposed),
-        "tokens_per_target_forward": tokens_total / max(1, forwards), "greedy_outputs_identical": True,
-        "target_speedup": 1.5,
+        "plain_tokens_per_s": tokens_total / plain_total, "greedy_outputs_identical": True,
+        "target_speedup": 1.5, "drafts": {},
     }
+    for name, d in draft_dirs.items():
+        dp = sum(p.numel() for p in drafts[name].parameters())
+        total, info = totals[name], summary(d)
+        result["drafts"][name] = {
+            "overrides": args.draft, "teacher": info.get("teacher"),
+            "steps": args.distill_steps if info.get("teacher") else args.draft_steps, "params": dp,
+            "draft_over_target_params": round(dp / tp, 3), "val_loss": info["val_loss"],
+            "teacher_agreement": info.get("teacher_agreement"),
+            "spec_tokens_per_s": tokens_total / total["s"], "speedup": plain_total / total["s"],
+            "acceptance": total["accepted"] / max(1, total["proposed"]),
+            "tokens_per_target_forward": tokens_total / max(1, total["forwards"]),
+        }
+    return result
 
 
 if __name__ == "__main__":
