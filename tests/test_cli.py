@@ -64,6 +64,7 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     (["sample", "temperature=-0.5"], ["temperature: must be >= 0"]),
     (["sample", "top_p=0"], ["top_p: must be in (0, 1]"]),
     (["sample", "top_p=1.5"], ["top_p: must be in (0, 1]"]),
+    (["sample", "spec.min_confidence=1.5"], ["spec.min_confidence: must be a number in [0, 1], got 1.5"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
     one_line_error(run_cli(*args, cwd=tmp_path), 2, *fragments)
@@ -182,6 +183,9 @@ def test_speculative_sampling_with_a_draft_checkpoint(trained):
     assert spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout  # greedy speculative output is the target's greedy output
     assert "acceptance" in spec.stderr and "speed-up" in spec.stderr and "same tokens as plain greedy" in spec.stderr
+    unsure = run_cli("sample", *common, "draft=outputs/run/checkpoints/step_000003", "spec.min_confidence=0.5", cwd=root)
+    assert unsure.returncode == 0, unsure.stderr
+    assert unsure.stdout == plain.stdout and "min_confidence=0.5" in unsure.stderr
     one_line_error(run_cli("sample", "ckpt=outputs/run", "spec.mtp=true", cwd=root), 1, "spec.mtp", "MTP heads")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "spec.k=0", cwd=root), 2, "spec.k")
 

@@ -11,7 +11,7 @@ from llmlab.errors import ConfigError
 KEYS = ("ckpt", "prompt", "prompt_file", "max_new_tokens", "temperature", "top_k", "top_p", "min_p",
         "repetition_penalty", "stop_at_eos", "num_samples", "seed", "device", "precision", "draft", "spec")
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
-SPEC_KEYS = ("k", "mtp", "compare")
+SPEC_KEYS = ("k", "mtp", "compare", "min_confidence")
 
 
 def sampling_config(cfg: dict):
@@ -41,6 +41,9 @@ def validate(cfg: dict) -> None:
     for key in ("mtp", "compare"):
         if not isinstance(spec.get(key), bool):
             raise ConfigError(f"spec.{key}: expected true or false, got {spec.get(key)!r}")
+    confidence = spec.get("min_confidence", 0.0)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence <= 1:
+        raise ConfigError(f"spec.min_confidence: must be a number in [0, 1], got {confidence!r}")
     if spec.get("mtp") and cfg.get("draft") is not None:
         raise ConfigError("spec.mtp: self-speculative decoding uses no draft; drop draft= or spec.mtp=true")
 
@@ -115,7 +118,8 @@ def run(cfg: dict, run_dir: Path) -> None:
     encoded = [tok.encode(p) or ([tok.eos_id] if tok.eos_id is not None else [0]) for p in prompts]
     gen = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
     speculative = draft is not None or spec["mtp"]
-    how = (f", speculative: draft {Path(cfg['draft'])}, k={spec['k']}" if draft is not None
+    stop = f", min_confidence={spec['min_confidence']:g}" if spec.get("min_confidence") else ""
+    how = (f", speculative: draft {Path(cfg['draft'])}, k={spec['k']}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
     console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{how}", style="dim")
 
@@ -127,7 +131,8 @@ def run(cfg: dict, run_dir: Path) -> None:
     t0 = time.perf_counter()
     with amp:
         if speculative:
-            results, stats = _speculative(model, draft, encoded, n, sampling, spec["k"], eos_id, gen, writer)
+            results, stats = _speculative(model, draft, encoded, n, sampling, spec["k"], eos_id, gen, writer,
+                                          float(spec.get("min_confidence", 0.0)))
         else:
             results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer)
     elapsed = time.perf_counter() - t0
@@ -219,14 +224,14 @@ def _plain(model, encoded, n, sampling, eos_id, gen, writer):
     return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
 
 
-def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer):
+def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min_confidence=0.0):
     """One sequence at a time: each row accepts a different number of drafts per round."""
     from llmlab.sample.speculative import speculative_generate
 
     results, totals, first = [], {"proposed": 0, "accepted": 0, "forwards": 0, "rounds": 0, "new": 0}, None
     for i, ids in enumerate(encoded):
         for _ in range(n):
-            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer)
+            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer, min_confidence)
             results.append((i, out[len(ids):]))
             first = st.first_token_s if first is None else first
             totals["proposed"] += st.proposed

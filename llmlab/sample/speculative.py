@@ -91,9 +91,12 @@ class SpecStats:
 @torch.no_grad()
 def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int, draft=None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
-                         on_token: Callable[[int], None] | None = None) -> tuple[list[int], SpecStats]:
+                         on_token: Callable[[int], None] | None = None,
+                         min_confidence: float = 0.0) -> tuple[list[int], SpecStats]:
     """Extend one prompt by up to ``cfg.max_new_tokens`` tokens, drafting with ``draft`` or,
-    without one, with the target's MTP heads. Returns (prompt + new tokens, stats)."""
+    without one, with the target's MTP heads, up to ``k`` tokens a round (fewer where the
+    proposer's probability of a draft falls below ``min_confidence``). Returns (prompt + new
+    tokens, stats)."""
     if draft is None and not len(target.mtp):
         raise ValueError("self-speculative decoding needs a model with MTP heads (model.mtp_heads > 0)")
     target.eval()
@@ -152,22 +155,27 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
         # the penalty mask at each draft position: the text so far plus the drafts before it
         draft_seen = seen.clone() if seen is not None else None
 
-        def draw(logits: torch.Tensor) -> int:
+        def draw(logits: torch.Tensor) -> bool:
+            """Draft a token from ``logits``; False when the round should stop drafting."""
             q = token_probs(logits[None], cfg, draft_seen)[0]
             d = int(torch.multinomial(q, 1, generator=generator))
             drafts.append(d)
             qs.append(q)
             if draft_seen is not None:
                 draft_seen[0, d] = True
-            return d
+            return min_confidence <= 0 or float(torch.softmax(logits.float(), -1)[d]) >= min_confidence
 
         if D is not None and n_draft:
             ids = out[start + D.length:]
             for _ in range(n_draft):
-                ids = [draw(D.feed(ids).logits[0, -1, :vocab])]
+                going = draw(D.feed(ids).logits[0, -1, :vocab])
+                ids = drafts[-1:]
+                if not going:
+                    break
         elif D is None and state is not None:
             for head_logits in target.mtp_logits(state)[:n_draft]:
-                draw(head_logits[0, -1, :vocab])
+                if not draw(head_logits[0, -1, :vocab]):
+                    break
         # -- verify -------------------------------------------------------------------------
         base = T.length
         res = T.feed([out[-1], *drafts])

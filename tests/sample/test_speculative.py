@@ -43,6 +43,37 @@ def test_greedy_speculative_equals_plain_greedy(attn):
     assert len(long) == len(prompt) + 80
 
 
+@pytest.mark.parametrize("attn", [KINDS[0], KINDS[3]], ids=["mha", "swa"])
+def test_confidence_stop_drafts_less_and_keeps_greedy_output(attn):
+    """spec.min_confidence ends a round's drafting after an unsure draft: the output stays the
+    target's greedy output, and a threshold no draft reaches leaves one draft per round."""
+    target = tiny_model(0, attention=attn, init_std=0.3)
+    draft = tiny_model(1, attention=attn, n_layers=1, init_std=0.3)
+    prompt = [3, 5, 7, 9, 11]
+    cfg = SamplingConfig(max_new_tokens=24, temperature=0.0)
+    plain = generate(target, torch.tensor([prompt]), cfg)[0].tolist()
+    proposed = {}
+    for threshold in (0.0, 0.2, 1.0):
+        out, stats = speculative_generate(target, prompt, cfg, 4, draft, min_confidence=threshold)
+        assert out == plain, threshold
+        proposed[threshold] = stats.proposed
+    assert proposed[1.0] == stats.rounds  # every round stops after its first draft
+    assert proposed[1.0] < proposed[0.2] < proposed[0.0]
+    # past the context window too, where the caches refill and roll back
+    long_cfg = SamplingConfig(max_new_tokens=80, temperature=0.0)
+    long, _ = speculative_generate(target, prompt, long_cfg, 4, draft, min_confidence=0.2)
+    assert long == generate(target, torch.tensor([prompt]), long_cfg)[0].tolist()
+
+
+def test_confidence_stop_with_mtp_heads_keeps_greedy_output():
+    model = tiny_model(0, mtp_heads=3, init_std=0.3)
+    prompt = [3, 5, 7, 9, 11]
+    cfg = SamplingConfig(max_new_tokens=20, temperature=0.0)  # inside the 32-token context
+    out, stats = speculative_generate(model, prompt, cfg, 4, min_confidence=1.0)
+    assert out == generate(model, torch.tensor([prompt]), cfg)[0].tolist()
+    assert stats.proposed == stats.rounds  # one head's draft per round
+
+
 def overfit_cycle(model, period: int = 7, steps: int = 150):
     """Teach a tiny model (and its MTP heads) a repeating sequence, so its heads agree."""
     seq = torch.arange(33) % period + 1
@@ -96,9 +127,11 @@ def test_verify_draws_from_the_target_distribution():
     assert chi2_p(second, p[1].numpy()) > 1e-3
 
 
-def test_sampled_tokens_follow_the_target_distribution_with_filters():
+@pytest.mark.parametrize("min_confidence", [0.0, 0.3])
+def test_sampled_tokens_follow_the_target_distribution_with_filters(min_confidence):
     """End to end on a 6-token vocabulary: the joint distribution of the first two sampled
-    tokens, under temperature, top-k and a repetition penalty, matches the target's."""
+    tokens, under temperature, top-k and a repetition penalty, matches the target's, also
+    when rounds stop drafting at an unsure draft."""
     V = 6
     target = tiny_model(0, vocab_size=V, vocab_multiple=8, init_std=0.5, n_layers=1)
     draft = tiny_model(3, vocab_size=V, vocab_multiple=8, init_std=0.5, n_layers=1)
@@ -113,12 +146,14 @@ def test_sampled_tokens_follow_the_target_distribution_with_filters():
             joint[a] = (p1[a] * p2).numpy()
     g = torch.Generator().manual_seed(0)
     counts = np.zeros((V, V))
-    proposed = accepted = 0
+    proposed = accepted = rounds = 0
     for _ in range(1500):
-        out, stats = speculative_generate(target, prompt, cfg, 3, draft, generator=g)
+        out, stats = speculative_generate(target, prompt, cfg, 3, draft, generator=g, min_confidence=min_confidence)
         counts[out[3], out[4]] += 1
-        proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+        proposed, accepted, rounds = proposed + stats.proposed, accepted + stats.accepted, rounds + stats.rounds
     assert 0.05 < accepted / proposed < 0.95  # the draft disagrees often enough to test rejections
+    if min_confidence:
+        assert rounds < proposed < 3 * rounds  # some rounds stopped early, some did not
     assert chi2_p(counts.ravel(), joint.ravel()) > 1e-3
 
 
