@@ -2,13 +2,16 @@
 trained by ``llmlab train`` on the stdlib corpus with the same tokenizer, greedy.
 
     python -m bench.speculative [--target-steps 300] [--draft-steps 300] [--distill-steps 300] [--k 4]
+                                [--min-confidence 0.5 ...] [--keep DIR]
 
 Two drafts of one shape: ``draft``, trained on the corpus, and ``distilled``, trained from the
 target on the target's own greedy continuations (``distill.teacher=<target> distill.data=teacher``).
-For each prompt, plain greedy decoding and speculative greedy decoding with each draft are timed
-(median of --repeats) and must give the same tokens. Recorded: parameter counts and their
-ratio, and per draft the acceptance rate, tokens per target forward, tokens/s and the speed-up
-(target > 1.5x). Results go to bench/results/speculative.json.
+For each prompt, plain greedy decoding and speculative greedy decoding with each draft (as is,
+and with ``spec.min_confidence`` at each --min-confidence) are timed (median of --repeats,
+interleaved) and must give the same tokens. Recorded: parameter counts and their ratio, and
+per draft the acceptance rate, tokens per target forward, tokens/s and the speed-up (target
+> 1.5x), and how often the draft's top token is the target's on the target's greedy text, by
+the draft's confidence. Results go to bench/results/speculative.json.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def main() -> None:
     ap.add_argument("--draft-steps", type=int, default=300)
     ap.add_argument("--distill-steps", type=int, default=300, help="steps of the distilled draft; 0 = skip it")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--min-confidence", type=float, nargs="*", default=[0.5],
+                    help="also measure each draft with spec.min_confidence at these thresholds")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--keep", default=None, help="keep the trained runs in this directory; runs it already holds "
@@ -83,10 +88,13 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     cpu = torch.device("cpu")
     tckpt = load_checkpoint(target_dir)
     target = build_model(tckpt, cpu)
-    drafts = {name: build_model(load_checkpoint(d), cpu) for name, d in draft_dirs.items()}
+    models = {name: build_model(load_checkpoint(d), cpu) for name, d in draft_dirs.items()}
+    # each draft as is, and stopping a round at an unsure draft (spec.min_confidence)
+    drafts = {name: (model, 0.0) for name, model in models.items()}
+    drafts.update({f"{name}@{t:g}": (model, t) for name, model in models.items() for t in args.min_confidence if t > 0})
     tok = tckpt.tokenizer()
     cfg = SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.0)
-    rows, plain_total, tokens_total = [], 0.0, 0
+    rows, plain_total, tokens_total, greedy = [], 0.0, 0, []
     totals = {name: {"s": 0.0, "proposed": 0, "accepted": 0, "forwards": 0} for name in drafts}
     with torch.inference_mode():
         generate(target, torch.tensor([tok.encode("x = 1\n")]), SamplingConfig(max_new_tokens=8, temperature=0.0))
@@ -98,12 +106,14 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
                 t = time.perf_counter()
                 plain = generate(target, torch.tensor([ids]), cfg)[0].tolist()
                 times["plain"].append(time.perf_counter() - t)
-                for name, draft in drafts.items():
+                for name, (draft, threshold) in drafts.items():
                     t = time.perf_counter()
-                    spec, stats[name] = speculative_generate(target, ids, cfg, args.k, draft)
+                    spec, stats[name] = speculative_generate(target, ids, cfg, args.k, draft,
+                                                             min_confidence=threshold)
                     times[name].append(time.perf_counter() - t)
                     if spec != plain:
                         raise SystemExit(f"bench.speculative: greedy outputs differ for prompt {prompt!r} ({name})")
+            greedy.append((plain, len(ids)))
             new = len(plain) - len(ids)
             p = statistics.median(times["plain"])
             plain_total, tokens_total = plain_total + p, tokens_total + new
@@ -131,11 +141,12 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
         "plain_tokens_per_s": tokens_total / plain_total, "greedy_outputs_identical": True,
         "target_speedup": 1.5, "drafts": {},
     }
-    for name, d in draft_dirs.items():
-        dp = sum(p.numel() for p in drafts[name].parameters())
+    for name, (model, threshold) in drafts.items():
+        d = draft_dirs[name.split("@")[0]]
+        dp = sum(p.numel() for p in model.parameters())
         total, info = totals[name], summary(d)
         result["drafts"][name] = {
-            "overrides": args.draft, "teacher": info.get("teacher"),
+            "overrides": args.draft, "teacher": info.get("teacher"), "min_confidence": threshold,
             "steps": args.distill_steps if info.get("teacher") else args.draft_steps, "params": dp,
             "draft_over_target_params": round(dp / tp, 3), "val_loss": info["val_loss"],
             "teacher_agreement": info.get("teacher_agreement"),
@@ -143,7 +154,31 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
             "acceptance": total["accepted"] / max(1, total["proposed"]),
             "tokens_per_target_forward": tokens_total / max(1, total["forwards"]),
         }
+        if threshold == 0:
+            result["drafts"][name]["on_target_greedy_text"] = agreement_by_confidence(model, greedy)
     return result
+
+
+def agreement_by_confidence(model, greedy: list[tuple[list[int], int]]) -> dict:
+    """How often the draft's top token is the target's next greedy token, teacher-forced on
+    the target's greedy continuations, overall and by the draft's probability of its top token
+    (the quantity ``spec.min_confidence`` thresholds)."""
+    import torch
+
+    conf, hit = [], []
+    with torch.inference_mode():
+        for seq, n in greedy:
+            probs = model(torch.tensor([seq])).logits[0, n - 1:-1, :model.vocab_size].float().softmax(-1)
+            c, top = probs.max(-1)
+            conf.append(c)
+            hit.append((top == torch.tensor(seq[n:])).float())
+    conf, hit = torch.cat(conf), torch.cat(hit)
+    out = {"agreement": round(float(hit.mean()), 4), "by_confidence": {}}
+    for lo, hi in [(0.0, 0.1), (0.1, 0.3), (0.3, 0.5), (0.5, 1.0)]:
+        m = (conf >= lo) & ((conf < hi) if hi < 1 else (conf <= hi))
+        out["by_confidence"][f"{lo:g}-{hi:g}"] = {"share": round(float(m.float().mean()), 3),
+                                                   "agreement": round(float(hit[m].mean()), 3) if m.any() else None}
+    return out
 
 
 if __name__ == "__main__":
