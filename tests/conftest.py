@@ -24,13 +24,18 @@ SAMPLE_TEXTS = {
 }
 
 
-@pytest.fixture
-def corpus_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "corpus"
+def write_corpus(root: Path, repeat: int = 1) -> Path:
+    """``root/corpus``: the sample files, each text repeated ``repeat`` times."""
+    d = root / "corpus"
     d.mkdir()
     for name, text in SAMPLE_TEXTS.items():
-        (d / name).write_text(text, encoding="utf-8")
+        (d / name).write_text(text * repeat, encoding="utf-8")
     return d
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path)
 
 
 def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict | None = None,

@@ -94,12 +94,9 @@ def test_corpus_smaller_than_one_block(tmp_path):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """tokenize, then train a tiny model for a few steps, as a user would."""
-    from tests.conftest import SAMPLE_TEXTS
+    from tests.conftest import write_corpus
     root = tmp_path_factory.mktemp("e2e")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for name, text in SAMPLE_TEXTS.items():
-        (corpus / name).write_text(text * 3)
+    corpus = write_corpus(root, repeat=3)
     data = ["data=text", f"data.paths=[{corpus}/*]"]
     tok = run_cli("tokenize", *data, "tokenizer=byte", cwd=root)
     assert tok.returncode == 0, tok.stderr

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from llmlab.errors import ConfigError, UserError
 from llmlab.train.distill import distill_kl
 from llmlab.train.loop import run_training
-from tests.conftest import SAMPLE_TEXTS
+from tests.conftest import write_corpus
 from tests.train.test_loop import config
 
 
@@ -21,11 +21,7 @@ def records(run):
 def teacher(tmp_path_factory):
     """A small trained teacher (byte tokenizer, the loop tests' data), shared by the module."""
     tmp = tmp_path_factory.mktemp("teacher")
-    corpus = tmp / "corpus"
-    corpus.mkdir()
-    for name, text in SAMPLE_TEXTS.items():
-        (corpus / name).write_text(text, encoding="utf-8")
-    run_training(config(corpus, tmp, steps=60, eval_every=0), tmp / "run")
+    run_training(config(write_corpus(tmp), tmp, steps=60, eval_every=0), tmp / "run")
     return tmp
 
 
