@@ -23,10 +23,11 @@ def test_a_failing_logger_never_stops_the_run(capsys):
     assert err.count("logging to it is off") == 1 and "network down" in err
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
+def wandb_history(run_dir: Path, kinds: list | None = None) -> list[dict]:
     """The history rows of the one offline wandb run under ``run_dir``, read from its .wandb
     file: a 7-byte header, then 32 KiB blocks of log records (crc32, length, type: FULL=1,
-    FIRST=2, MIDDLE=3, LAST=4), each a wandb Record protobuf."""
+    FIRST=2, MIDDLE=3, LAST=4), each a wandb Record protobuf. ``kinds`` collects every
+    record's type, to show what the file held when a check fails."""
     from wandb.proto import wandb_internal_pb2 as pb
     (path,) = list(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
     data, block = path.read_bytes(), 32768
@@ -44,6 +45,8 @@ def wandb_history(run_dir: Path) -> list[dict]:
             record = pb.Record()
             record.ParseFromString(parts)
             parts = b""
+            if kinds is not None:
+                kinds.append(record.WhichOneof("record_type"))
             if record.WhichOneof("record_type") == "history":
                 rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
     return rows
@@ -57,7 +60,8 @@ def test_wandb_offline_history_holds_what_the_run_logged(corpus_dir, tmp_path, m
     cfg = config(corpus_dir, tmp_path, steps=6, log_every=2, eval_every=3)
     cfg["logger"] = {"kind": "wandb", "project": "llmlab-test"}
     run_training(cfg, tmp_path / "run")
-    rows = wandb_history(tmp_path / "run")
+    kinds: list = []
+    rows = wandb_history(tmp_path / "run", kinds)
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in logged if "train/loss" in r}
     assert sorted(train) == [2, 4, 6]
@@ -66,7 +70,7 @@ def test_wandb_offline_history_holds_what_the_run_logged(corpus_dir, tmp_path, m
             expected = train.pop(row["_step"])
             for key in ("train/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu"):
                 assert row[key] == pytest.approx(expected[key], rel=1e-6), key
-    assert not train
+    assert not train, f"steps missing from the wandb history; its records: {kinds}"
     evals = {r["_step"]: r["val/loss"] for r in rows if "val/loss" in r}
     assert evals == pytest.approx({r["step"]: r["val/loss"] for r in logged if "val/loss" in r})
     assert any(k.startswith("samples") for r in rows for k in r)
