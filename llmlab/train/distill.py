@@ -128,8 +128,8 @@ class Distiller:
     def compare(self, student, tokens: np.ndarray, block: int, batch: int, device: torch.device, amp,
                 max_windows: int | None) -> dict[str, float]:
         """On fixed windows of ``tokens``: the share of positions where the student's arg-max
-        equals the teacher's (the acceptance rate of greedy speculative decoding with the
-        student as draft, on this text) and the mean KL(teacher || student) at temperature 1."""
+        equals the teacher's (the per-token agreement that greedy speculative decoding with the
+        student as draft rests on) and the mean KL(teacher || student) at temperature 1."""
         was_training = student.training
         student.eval()
         agree, kl, count = 0, 0.0, 0
