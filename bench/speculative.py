@@ -2,16 +2,18 @@
 trained by ``llmlab train`` on the stdlib corpus with the same tokenizer, greedy.
 
     python -m bench.speculative [--target-steps 300] [--draft-steps 300] [--distill-steps 300] [--k 4]
-                                [--min-confidence 0.5 ...] [--keep DIR]
+                                [--min-confidence 0.5 ...] [--no-unpacked] [--keep DIR]
 
 Two drafts of one shape: ``draft``, trained on the corpus, and ``distilled``, trained from the
 target on the target's own greedy continuations (``distill.teacher=<target> distill.data=teacher``).
 For each prompt, plain greedy decoding and speculative greedy decoding with each draft (as is,
 and with ``spec.min_confidence`` at each --min-confidence) are timed (median of --repeats,
-interleaved) and must give the same tokens. Recorded: parameter counts and their ratio, and
-per draft the acceptance rate, tokens per target forward, tokens/s and the speed-up (target
-> 1.5x), and how often the draft's top token is the target's on the target's greedy text, by
-the draft's confidence. Results go to bench/results/speculative.json.
+interleaved) and must give the same tokens. Decoding uses prepacked CPU weights, as ``llmlab
+sample`` does by default; with --unpacked (the default) plain decoding and each draft are also
+timed without them (``name/unpacked``), each speed-up against plain decoding of the same kind.
+Recorded: parameter counts and their ratio, and per draft the acceptance rate, tokens per
+target forward, tokens/s and the speed-up (target > 1.5x), and how often the draft's top token
+is the target's on the target's greedy text, by the draft's confidence. Results go to bench/results/speculative.json.
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ def main() -> None:
     ap.add_argument("--draft-steps", type=int, default=300)
     ap.add_argument("--distill-steps", type=int, default=300, help="steps of the distilled draft; 0 = skip it")
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--min-confidence", type=float, nargs="*", default=[0.5],
+    ap.add_argument("--min-confidence", type=float, nargs="*", default=[],
                     help="also measure each draft with spec.min_confidence at these thresholds")
+    ap.add_argument("--unpacked", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time plain and speculative decoding without prepacked CPU weights (pack=False)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--keep", default=None, help="keep the trained runs in this directory; runs it already holds "
@@ -80,6 +84,7 @@ def main() -> None:
 def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     import torch
 
+    from llmlab.model.packing import should_pack
     from llmlab.sample.generate import SamplingConfig, generate
     from llmlab.sample.speculative import speculative_generate
     from llmlab.train.checkpoint import build_model, load_checkpoint
@@ -89,38 +94,54 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     tckpt = load_checkpoint(target_dir)
     target = build_model(tckpt, cpu)
     models = {name: build_model(load_checkpoint(d), cpu) for name, d in draft_dirs.items()}
-    # each draft as is, and stopping a round at an unsure draft (spec.min_confidence)
-    drafts = {name: (model, 0.0) for name, model in models.items()}
-    drafts.update({f"{name}@{t:g}": (model, t) for name, model in models.items() for t in args.min_confidence if t > 0})
+    # each draft as is, and stopping a round at an unsure draft (spec.min_confidence); decoding
+    # with prepacked CPU weights (the default, pack="auto"), and without them (name/unpacked)
+    drafts = {name: (model, 0.0, "auto") for name, model in models.items()}
+    drafts.update({f"{name}@{t:g}": (model, t, "auto") for name, model in models.items()
+                   for t in args.min_confidence if t > 0})
+    plains = {"plain": "auto"}
+    if args.unpacked:
+        drafts.update({f"{name}/unpacked": (model, 0.0, False) for name, model in models.items()})
+        plains["plain/unpacked"] = False
     tok = tckpt.tokenizer()
     cfg = SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.0)
-    rows, plain_total, tokens_total, greedy = [], 0.0, 0, []
+    rows, tokens_total, greedy = [], 0, []
+    plain_totals = dict.fromkeys(plains, 0.0)
     totals = {name: {"s": 0.0, "proposed": 0, "accepted": 0, "forwards": 0} for name in drafts}
     with torch.inference_mode():
-        generate(target, torch.tensor([tok.encode("x = 1\n")]), SamplingConfig(max_new_tokens=8, temperature=0.0))
+        for pack in plains.values():
+            generate(target, torch.tensor([tok.encode("x = 1\n")]), SamplingConfig(max_new_tokens=8, temperature=0.0),
+                     pack=pack)
         for prompt in PROMPTS:
             ids = tok.encode(prompt)
-            times: dict[str, list[float]] = {"plain": [], **{name: [] for name in drafts}}
+            times: dict[str, list[float]] = {name: [] for name in [*plains, *drafts]}
             stats = {}
             for _ in range(args.repeats):  # interleaved, so load on the machine hits all alike
-                t = time.perf_counter()
-                plain = generate(target, torch.tensor([ids]), cfg)[0].tolist()
-                times["plain"].append(time.perf_counter() - t)
-                for name, (draft, threshold) in drafts.items():
+                outs = []
+                for name, pack in plains.items():
+                    t = time.perf_counter()
+                    outs.append(generate(target, torch.tensor([ids]), cfg, pack=pack)[0].tolist())
+                    times[name].append(time.perf_counter() - t)
+                plain = outs[0]
+                for name, (draft, threshold, pack) in drafts.items():
                     t = time.perf_counter()
                     spec, stats[name] = speculative_generate(target, ids, cfg, args.k, draft,
-                                                             min_confidence=threshold)
+                                                             min_confidence=threshold, pack=pack)
                     times[name].append(time.perf_counter() - t)
-                    if spec != plain:
-                        raise SystemExit(f"bench.speculative: greedy outputs differ for prompt {prompt!r} ({name})")
+                    outs.append(spec)
+                if any(o != plain for o in outs):
+                    raise SystemExit(f"bench.speculative: greedy outputs differ for prompt {prompt!r}")
             greedy.append((plain, len(ids)))
             new = len(plain) - len(ids)
-            p = statistics.median(times["plain"])
-            plain_total, tokens_total = plain_total + p, tokens_total + new
-            row = {"prompt": prompt, "new_tokens": new, "plain_s": round(p, 4)}
-            line = f"{prompt!r:42} plain {new / p:6.1f} tok/s"
-            for name in drafts:
+            tokens_total += new
+            plain_s = {name: statistics.median(times[name]) for name in plains}
+            for name in plains:
+                plain_totals[name] += plain_s[name]
+            row = {"prompt": prompt, "new_tokens": new, **{f"{name}_s": round(v, 4) for name, v in plain_s.items()}}
+            line = f"{prompt!r:42} plain {new / plain_s['plain']:6.1f} tok/s"
+            for name, (_, _, pack) in drafts.items():
                 s = statistics.median(times[name])
+                p = plain_s["plain" if pack else "plain/unpacked"]
                 total = totals[name]
                 total["s"] += s
                 total["proposed"] += stats[name].proposed
@@ -132,21 +153,27 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
             rows.append(row)
             print(line)
     tp = sum(p.numel() for p in target.parameters())
+    with torch.no_grad():  # whether decoding packed the weights (it never does while autograd records)
+        packs = {pack: should_pack([target], pack) for pack in ("auto", False)}
     summary = lambda d: json.loads((d / "summary.json").read_text())  # noqa: E731
     result = {
         "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "k": args.k,
         "target": {"overrides": args.target, "steps": args.target_steps, "params": tp,
                    "val_loss": summary(target_dir)["val_loss"]},
         "new_tokens_per_prompt": args.new_tokens, "prompts": rows,
-        "plain_tokens_per_s": tokens_total / plain_total, "greedy_outputs_identical": True,
-        "target_speedup": 1.5, "drafts": {},
+        "packed_weights": packs["auto"],
+        "plain_tokens_per_s": tokens_total / plain_totals["plain"],
+        **({"plain_unpacked_tokens_per_s": tokens_total / plain_totals["plain/unpacked"]} if args.unpacked else {}),
+        "greedy_outputs_identical": True, "target_speedup": 1.5, "drafts": {},
     }
-    for name, (model, threshold) in drafts.items():
-        d = draft_dirs[name.split("@")[0]]
+    for name, (model, threshold, pack) in drafts.items():
+        plain_total = plain_totals["plain" if pack else "plain/unpacked"]
+        d = draft_dirs[name.split("@")[0].split("/")[0]]
         dp = sum(p.numel() for p in model.parameters())
         total, info = totals[name], summary(d)
         result["drafts"][name] = {
             "overrides": args.draft, "teacher": info.get("teacher"), "min_confidence": threshold,
+            "packed_weights": packs[pack],
             "steps": args.distill_steps if info.get("teacher") else args.draft_steps, "params": dp,
             "draft_over_target_params": round(dp / tp, 3), "val_loss": info["val_loss"],
             "teacher_agreement": info.get("teacher_agreement"),
@@ -154,7 +181,7 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
             "acceptance": total["accepted"] / max(1, total["proposed"]),
             "tokens_per_target_forward": tokens_total / max(1, total["forwards"]),
         }
-        if threshold == 0:
+        if threshold == 0 and pack:
             result["drafts"][name]["on_target_greedy_text"] = agreement_by_confidence(model, greedy)
     return result
 

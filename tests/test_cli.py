@@ -5,8 +5,10 @@ import json
 import shutil
 
 import pytest
+import torch
 
-from tests.conftest import run_cli
+from llmlab.model.packing import should_pack
+from tests.conftest import run_cli, tiny_model
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
         "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
@@ -65,6 +67,7 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     (["sample", "top_p=0"], ["top_p: must be in (0, 1]"]),
     (["sample", "top_p=1.5"], ["top_p: must be in (0, 1]"]),
     (["sample", "spec.min_confidence=1.5"], ["spec.min_confidence: must be a number in [0, 1], got 1.5"]),
+    (["sample", "pack_weights=fast"], ["pack_weights: must be one of auto, true, false; got 'fast'"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
     one_line_error(run_cli(*args, cwd=tmp_path), 2, *fragments)
@@ -180,6 +183,12 @@ def test_speculative_sampling_with_a_draft_checkpoint(trained):
     assert spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout  # greedy speculative output is the target's greedy output
     assert "acceptance" in spec.stderr and "speed-up" in spec.stderr and "same tokens as plain greedy" in spec.stderr
+    # plain F.linear instead of prepacked CPU weights: the same text, and the header says which ran
+    unpacked = run_cli("sample", *common, "draft=outputs/run/checkpoints/step_000003", "pack_weights=false", cwd=root)
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert unpacked.stdout == plain.stdout and "packed weights" not in unpacked.stderr
+    with torch.no_grad():
+        assert ("packed weights" in spec.stderr) == should_pack([tiny_model()], "auto")
     unsure = run_cli("sample", *common, "draft=outputs/run/checkpoints/step_000003", "spec.min_confidence=0.5", cwd=root)
     assert unsure.returncode == 0, unsure.stderr
     assert unsure.stdout == plain.stdout and "min_confidence=0.5" in unsure.stderr

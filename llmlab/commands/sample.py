@@ -9,7 +9,8 @@ from pathlib import Path
 from llmlab.errors import ConfigError
 
 KEYS = ("ckpt", "prompt", "prompt_file", "max_new_tokens", "temperature", "top_k", "top_p", "min_p",
-        "repetition_penalty", "stop_at_eos", "num_samples", "seed", "device", "precision", "draft", "spec")
+        "repetition_penalty", "stop_at_eos", "num_samples", "seed", "device", "precision", "pack_weights", "draft",
+        "spec")
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 SPEC_KEYS = ("k", "mtp", "compare", "min_confidence")
 
@@ -21,10 +22,13 @@ def sampling_config(cfg: dict):
 
 
 def validate(cfg: dict) -> None:
+    from llmlab.model.packing import check_pack
+
     for key in cfg:
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown key; allowed: {', '.join(KEYS)}")
     sampling_config(cfg).check("")
+    check_pack(cfg.get("pack_weights", "auto"))
     if not isinstance(cfg.get("num_samples"), int) or cfg["num_samples"] < 1:
         raise ConfigError(f"num_samples: must be an integer >= 1, got {cfg.get('num_samples')!r}")
     prompt = cfg.get("prompt")
@@ -91,6 +95,7 @@ def run(cfg: dict, run_dir: Path) -> None:
 
     from llmlab import console
     from llmlab.errors import UserError
+    from llmlab.model.packing import should_pack
     from llmlab.train.checkpoint import build_model
     from llmlab.train.device import autocast, resolve_device, resolve_precision
 
@@ -121,7 +126,10 @@ def run(cfg: dict, run_dir: Path) -> None:
     stop = f", min_confidence={spec['min_confidence']:g}" if spec.get("min_confidence") else ""
     how = (f", speculative: draft {Path(cfg['draft'])}, k={spec['k']}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
-    console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{how}", style="dim")
+    pack = cfg.get("pack_weights", "auto")
+    with amp, torch.no_grad():
+        packed = ", packed weights" if should_pack([model, *([draft] if draft is not None else [])], pack) else ""
+    console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{packed}{how}", style="dim")
 
     stream = len(prompts) == 1 and n == 1
     writer = StreamWriter(tok) if stream else None
@@ -132,9 +140,9 @@ def run(cfg: dict, run_dir: Path) -> None:
     with amp:
         if speculative:
             results, stats = _speculative(model, draft, encoded, n, sampling, spec["k"], eos_id, gen, writer,
-                                          float(spec.get("min_confidence", 0.0)))
+                                          float(spec.get("min_confidence", 0.0)), pack)
         else:
-            results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer)
+            results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer, pack)
     elapsed = time.perf_counter() - t0
     completions = [(i, _completion(tok, row, eos_id)) for i, row in results]
     if stream:
@@ -156,7 +164,7 @@ def run(cfg: dict, run_dir: Path) -> None:
         record.update({k: stats[k] for k in ("acceptance", "tokens_per_forward", "rounds")})
         if spec["compare"]:
             with amp:
-                base = _compare(model, encoded, n, sampling, results, stats, gen, device)
+                base = _compare(model, encoded, n, sampling, results, stats, gen, device, pack)
             base["speedup"] = base["plain_seconds"] / max(elapsed, 1e-9)
             record.update(base)
             same = ("; same tokens as plain greedy" if base["identical"] else "; differs from plain greedy") \
@@ -192,7 +200,7 @@ def _completion(tok, row: list[int], eos_id) -> str:
     return tok.decode(row, skip_special=True)
 
 
-def _plain(model, encoded, n, sampling, eos_id, gen, writer):
+def _plain(model, encoded, n, sampling, eos_id, gen, writer, pack="auto"):
     """Prompts of one token length share a batch (no padding, so every row is exact)."""
     import torch
 
@@ -215,7 +223,7 @@ def _plain(model, encoded, n, sampling, eos_id, gen, writer):
 
     for length, members in by_length.items():
         x = torch.tensor([encoded[i] for i in members for _ in range(n)], device=device)
-        out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token)
+        out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token, pack=pack)
         rows = out[:, length:].tolist()
         for r, i in enumerate(m for m in members for _ in range(n)):
             results.setdefault(i, []).append(rows[r])
@@ -224,14 +232,14 @@ def _plain(model, encoded, n, sampling, eos_id, gen, writer):
     return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
 
 
-def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min_confidence=0.0):
+def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min_confidence=0.0, pack="auto"):
     """One sequence at a time: each row accepts a different number of drafts per round."""
     from llmlab.sample.speculative import speculative_generate
 
     results, totals, first = [], {"proposed": 0, "accepted": 0, "forwards": 0, "rounds": 0, "new": 0}, None
     for i, ids in enumerate(encoded):
         for _ in range(n):
-            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer, min_confidence)
+            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer, min_confidence, pack)
             results.append((i, out[len(ids):]))
             first = st.first_token_s if first is None else first
             totals["proposed"] += st.proposed
@@ -244,7 +252,7 @@ def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min
                      "tokens_per_forward": totals["new"] / max(1, totals["forwards"])}
 
 
-def _compare(model, encoded, n, sampling, results, stats, gen, device) -> dict:
+def _compare(model, encoded, n, sampling, results, stats, gen, device, pack="auto") -> dict:
     """Plain decoding of as many tokens per sequence as the speculative run made, timed."""
     import dataclasses
 
@@ -257,7 +265,7 @@ def _compare(model, encoded, n, sampling, results, stats, gen, device) -> dict:
     for (i, row) in results:
         cfg = dataclasses.replace(sampling, max_new_tokens=len(row))
         x = torch.tensor([encoded[i]], device=device)
-        out = generate(model, x, cfg, generator=gen)[0, len(encoded[i]):].tolist()
+        out = generate(model, x, cfg, generator=gen, pack=pack)[0, len(encoded[i]):].tolist()
         identical = identical and out == row
     plain_s = time.perf_counter() - t0
     return {"plain_seconds": plain_s, "plain_tokens_per_s": stats["new_tokens"] / max(plain_s, 1e-9),

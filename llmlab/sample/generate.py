@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from llmlab.errors import ConfigError
+from llmlab.model.packing import packed_linears
 
 
 @dataclass
@@ -96,15 +97,24 @@ def seen_tokens(ids: torch.Tensor, vocab: int) -> torch.Tensor:
 @torch.no_grad()
 def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
-             on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+             on_token: Callable[[torch.Tensor], None] | None = None, pack="auto") -> torch.Tensor:
     """Extend ``prompt`` (B, T) by up to ``cfg.max_new_tokens`` tokens; returns (B, T + n).
 
     A row that produced ``eos_id`` keeps emitting it; generation stops when every row has.
     With the cache, the prompt is run once and each step feeds one token. When the context
     reaches ``model.max_seq_len``, the cache is refilled with the latest half window.
+    ``pack``: prepacked CPU weights (``llmlab.model.packing``): "auto", True or False.
     """
     was_training = model.training
     model.eval()
+    try:
+        with packed_linears(model, enabled=pack, keep=not was_training):  # training: weights will change
+            return _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token)
+    finally:
+        model.train(was_training)
+
+
+def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token) -> torch.Tensor:
     vocab = model.vocab_size
     window = model.max_seq_len
     out = prompt
@@ -132,11 +142,10 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
             on_token(tok)
         if eos_id is not None and bool(done.all()):
             break
-    model.train(was_training)
     return out
 
 
-def decode_speed(model, tokens: int = 64, prompt_id: int = 0) -> float:
+def decode_speed(model, tokens: int = 64, prompt_id: int = 0, pack="auto") -> float:
     """Greedy single-sequence decode rate with the KV cache, in tokens/s after the first
     token (prefill and warm-up left out). ``tokens`` is capped by the context window."""
     import time
@@ -151,5 +160,5 @@ def decode_speed(model, tokens: int = 64, prompt_id: int = 0) -> float:
         marks.append(time.perf_counter())
 
     generate(model, torch.tensor([[prompt_id]], device=device),
-             SamplingConfig(max_new_tokens=tokens, temperature=0.0), on_token=on_token)
+             SamplingConfig(max_new_tokens=tokens, temperature=0.0), on_token=on_token, pack=pack)
     return (len(marks) - 1) / max(marks[-1] - marks[0], 1e-9)

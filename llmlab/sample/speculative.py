@@ -26,7 +26,8 @@ from typing import Callable
 
 import torch
 
-from llmlab.sample.generate import SamplingConfig, seen_tokens, token_probs
+from llmlab.model.packing import packed_linears
+from llmlab.sample.generate import SamplingConfig, penalize, seen_tokens, token_probs
 
 
 def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator | None
@@ -44,6 +45,16 @@ def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch
         residual = residual / total if total > 0 else p[i]
         return i, int(torch.multinomial(residual, 1, generator=generator))
     return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator))
+
+
+def verify_greedy(best: list[int], drafts: list[int]) -> tuple[int, int]:
+    """``verify`` when p and q are one-hot, which it reduces to: drafts are accepted while they
+    equal the target's arg-max ``best`` (n + 1 of them), and the next token is the target's
+    arg-max where the first one differs. Returns (accepted, next token)."""
+    j = 0
+    while j < len(drafts) and drafts[j] == best[j]:
+        j += 1
+    return j, best[j]
 
 
 class CachedModel:
@@ -92,16 +103,21 @@ class SpecStats:
 def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int, draft=None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          on_token: Callable[[int], None] | None = None,
-                         min_confidence: float = 0.0) -> tuple[list[int], SpecStats]:
+                         min_confidence: float = 0.0, pack="auto") -> tuple[list[int], SpecStats]:
     """Extend one prompt by up to ``cfg.max_new_tokens`` tokens, drafting with ``draft`` or,
     without one, with the target's MTP heads, up to ``k`` tokens a round (fewer where the
     proposer's probability of a draft falls below ``min_confidence``). Returns (prompt + new
-    tokens, stats)."""
+    tokens, stats). ``pack``: prepacked CPU weights, as for ``generate``."""
     if draft is None and not len(target.mtp):
         raise ValueError("self-speculative decoding needs a model with MTP heads (model.mtp_heads > 0)")
     target.eval()
     if draft is not None:
         draft.eval()
+    with packed_linears(target, draft, enabled=pack):
+        return _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min_confidence)
+
+
+def _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min_confidence):
     k = k if draft is not None else min(k, len(target.mtp))
     vocab = target.vocab_size
     window = min(target.max_seq_len, draft.max_seq_len) if draft is not None else target.max_seq_len
@@ -110,6 +126,7 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
     out = list(prompt)
     n_prompt = len(prompt)
     penalty = cfg.repetition_penalty != 1.0
+    greedy = cfg.temperature == 0
     stats = SpecStats()
     t0 = time.perf_counter()
     state = None  # the target's final state at the last position it processed (MTP proposals)
@@ -157,10 +174,13 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
 
         def draw(logits: torch.Tensor) -> bool:
             """Draft a token from ``logits``; False when the round should stop drafting."""
-            q = token_probs(logits[None], cfg, draft_seen)[0]
-            d = int(torch.multinomial(q, 1, generator=generator))
+            if greedy:  # q is one-hot on the arg-max: no need to build it
+                d = int(penalize(logits.float()[None], draft_seen, cfg.repetition_penalty).argmax())
+            else:
+                q = token_probs(logits[None], cfg, draft_seen)[0]
+                d = int(torch.multinomial(q, 1, generator=generator))
+                qs.append(q)
             drafts.append(d)
-            qs.append(q)
             if draft_seen is not None:
                 draft_seen[0, d] = True
             return min_confidence <= 0 or float(torch.softmax(logits.float(), -1)[d]) >= min_confidence
@@ -185,8 +205,12 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
             rows = seen.repeat(len(drafts) + 1, 1)
             for i, d in enumerate(drafts):
                 rows[i + 1:, d] = True
-        ps = token_probs(res.logits[0, :, :vocab], cfg, rows)  # (n + 1, V), all positions at once
-        j, nxt = verify(ps, torch.stack(qs) if qs else ps[:0], drafts, generator)
+        logits = res.logits[0, :, :vocab]  # (n + 1, V), all positions at once
+        if greedy:
+            j, nxt = verify_greedy(penalize(logits.float(), rows, cfg.repetition_penalty).argmax(-1).tolist(), drafts)
+        else:
+            ps = token_probs(logits, cfg, rows)
+            j, nxt = verify(ps, torch.stack(qs) if qs else ps[:0], drafts, generator)
         stats.rounds += 1
         stats.proposed += len(drafts)
         stats.accepted += j

@@ -7,7 +7,7 @@ import torch
 
 from llmlab.eval.stats import chi2_sf
 from llmlab.sample.generate import SamplingConfig, generate, seen_tokens, token_probs
-from llmlab.sample.speculative import speculative_generate, verify
+from llmlab.sample.speculative import speculative_generate, verify, verify_greedy
 from tests.conftest import tiny_model
 
 KINDS = [{"kind": "mha"}, {"kind": "gqa", "kv_heads": 2}, {"kind": "mqa"}, {"kind": "swa", "window": 6},
@@ -41,6 +41,34 @@ def test_greedy_speculative_equals_plain_greedy(attn):
     # past the context window the caches are refilled and rolled back without error
     long, _ = speculative_generate(target, prompt, SamplingConfig(max_new_tokens=80, temperature=0.0), 4, draft)
     assert len(long) == len(prompt) + 80
+
+
+def test_greedy_speculative_with_repetition_penalty_equals_plain():
+    """Greedy rounds take the arg-max of the penalised logits, each draft position seeing the
+    drafts before it, as plain decoding would have."""
+    target = tiny_model(0, init_std=0.3)
+    draft = tiny_model(1, n_layers=1, init_std=0.3)
+    prompt = [3, 5, 7, 3, 5]
+    cfg = SamplingConfig(max_new_tokens=30, temperature=0.0, repetition_penalty=1.8)
+    plain = generate(target, torch.tensor([prompt]), cfg)[0].tolist()
+    unpenalised = generate(target, torch.tensor([prompt]), SamplingConfig(max_new_tokens=30, temperature=0.0))
+    assert plain != unpenalised[0].tolist()  # the penalty changes the text, so the test has teeth
+    spec, stats = speculative_generate(target, prompt, cfg, 4, draft)
+    assert spec == plain and 0 < stats.accepted < stats.proposed
+    same, s2 = speculative_generate(target, prompt, cfg, 4, target)  # the target as its own draft
+    assert same == plain and s2.acceptance == 1.0
+
+
+def test_greedy_verify_is_verify_on_one_hot_distributions():
+    g = torch.Generator().manual_seed(0)
+    V, n = 6, 4
+    for _ in range(200):
+        best = torch.randint(0, V, (n + 1,), generator=g).tolist()
+        drafts = [b if torch.rand((), generator=g) < 0.7 else int(torch.randint(0, V, (), generator=g))
+                  for b in best[:n]]
+        p = torch.nn.functional.one_hot(torch.tensor(best), V).float()
+        q = torch.nn.functional.one_hot(torch.tensor(drafts), V).float()
+        assert verify_greedy(best, drafts) == verify(p, q, drafts, g)
 
 
 @pytest.mark.parametrize("attn", [KINDS[0], KINDS[3]], ids=["mha", "swa"])
