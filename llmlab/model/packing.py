@@ -73,17 +73,23 @@ def check_pack(value, key: str = "pack_weights") -> None:
 
 def should_pack(models: list[nn.Module], enabled="auto") -> bool:
     """``enabled``: "auto" packs fp32 CPU models on x86-64, where it was measured to help;
-    True packs wherever the ops work; False never. Never while autograd records (training)
-    or under CPU autocast (the packed product is fp32 only)."""
+    True packs wherever the ops work; False never. Never while autograd records (training),
+    under CPU autocast (the packed product is fp32 only) or for sharded (FSDP) parameters."""
     check_pack(enabled)
     if enabled is False or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return False
     params = [p for m in models for p in m.parameters()]
-    if not params or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in params):
+    if not params or any(not _plain_cpu_fp32(p) for p in params):
         return False
     if enabled == "auto" and platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     return packing_supported()
+
+
+def _plain_cpu_fp32(p: torch.Tensor) -> bool:
+    # a tensor subclass (FSDP2's sharded DTensor, a quantized or fake tensor) has no oneDNN
+    # layout of its own: only plain tensors are packed
+    return type(p.detach()) is torch.Tensor and p.device.type == "cpu" and p.dtype == torch.float32
 
 
 def packed_weight(linear: nn.Linear) -> torch.Tensor:

@@ -110,3 +110,31 @@ def test_generation_from_a_training_model_keeps_no_packed_copies():
     model.eval()
     generate(model, prompt, cfg, pack=True)
     assert any(m in _packed for m in model.modules()) == packing_supported()
+
+
+def test_sharded_parameters_are_not_packed(tmp_path):
+    """FSDP2 keeps parameters as sharded DTensors between forwards; oneDNN cannot lay those out,
+    so sampling a sharded model (the end-of-training sample under data_parallel=fsdp) decodes
+    unpacked, with the same tokens."""
+    import torch.distributed as tdist
+    from torch.distributed.fsdp import fully_shard
+
+    store = tdist.FileStore(str(tmp_path / "store"), 1)
+    tdist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = tiny_model(init_std=0.3)
+        x = torch.randint(0, 97, (1, 5))
+        cfg = SamplingConfig(max_new_tokens=6, temperature=0.0)
+        with torch.no_grad():
+            ref = generate(model, x, cfg, pack=False)
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        assert any(type(p.detach()) is not torch.Tensor for p in model.parameters())
+        with torch.no_grad():
+            with packed_linears(model, enabled=True) as packed:
+                assert not packed
+            out = generate(model, x, cfg, pack=True)
+        assert torch.equal(out, ref)
+    finally:
+        tdist.destroy_process_group()
