@@ -288,8 +288,11 @@ class MultiHeadLatentAttention(nn.Module):
         k_pos = positions
         if cache is not None:
             latent, k_rope, k_pos = cache.append(latent, k_rope)
-        mask = attention_mask(positions, k_pos, self.causal)
         is_causal = self.causal and q.shape[2] == latent.shape[1]
+        # one new query sees every cached key, and an aligned square mask is a flag: build the
+        # (T, Tk) mask only where it says something
+        plain = is_causal or (self.causal and T == 1)
+        mask = None if plain and not need_weights else attention_mask(positions, k_pos, self.causal)
         scale = 1 / math.sqrt(self.qk_dim)
         Tk = latent.shape[1]
         if cache is not None and c.absorb and not need_weights:
@@ -298,7 +301,7 @@ class MultiHeadLatentAttention(nn.Module):
             qa = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, T, kv_rank + rope)
             ka = torch.cat([latent[:, None], k_rope], dim=-1).expand(B, H, Tk, c.kv_rank + c.rope_dim)
             va = latent[:, None].expand(B, H, Tk, c.kv_rank)
-            o_lat = F.scaled_dot_product_attention(qa, ka, va, attn_mask=None if is_causal or T == 1 else mask,
+            o_lat = F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask,
                                                    is_causal=is_causal and T > 1, scale=scale)
             y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_UV folded into the output
             weights = None
@@ -310,8 +313,7 @@ class MultiHeadLatentAttention(nn.Module):
             if need_weights:
                 y, weights = math_attention(qf, k, v, mask, scale)
             else:
-                y = F.scaled_dot_product_attention(qf, k, v, attn_mask=None if is_causal or (self.causal and T == 1)
-                                                   else mask, is_causal=is_causal and T > 1, scale=scale)
+                y = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, is_causal=is_causal and T > 1, scale=scale)
                 weights = None
         y = y.transpose(1, 2).reshape(B, T, H * c.v_dim)
         return self.o_proj(y), weights
