@@ -57,6 +57,7 @@ class RollingKVCache:
         """Return the buffered keys/values followed by the new ones (the attention mask sorts out
         which each query may see), then keep the last ``window`` of them."""
         window, T = self.k.shape[2], k.shape[2]
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)  # under autocast they may come in another dtype
         new_pos = torch.arange(self.length, self.length + T, device=k.device)
         filled = self.slot_pos >= 0
         keys = torch.cat([self.k[:, :, filled], k], dim=2)

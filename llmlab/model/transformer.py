@@ -211,10 +211,16 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                   slack: int = 0) -> ModelCache:
         """Caches for ``max_len`` positions; ``slack``: how far `ModelCache.truncate` may roll
-        back (rolling caches keep that many extra positions)."""
+        back (rolling caches keep that many extra positions). ``dtype``: by default the
+        autocast dtype when autocast is on (keys and values are computed in it), else the
+        parameters'."""
         p = next(self.parameters())
         max_len = max_len or self.max_seq_len
-        return ModelCache([blk.attn.new_cache(batch, max_len, p.device, dtype or p.dtype, slack)
+        if dtype is None:
+            dtype = p.dtype
+            if torch.is_autocast_enabled(p.device.type) and hasattr(torch, "get_autocast_dtype"):
+                dtype = torch.get_autocast_dtype(p.device.type)
+        return ModelCache([blk.attn.new_cache(batch, max_len, p.device, dtype, slack)
                            for blk in self.blocks])
 
     # -- the model card ----------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from llmlab.errors import ConfigError
+from llmlab.model.attention import decode_attention
 from llmlab.model.packing import packed_linears
 
 
@@ -94,6 +96,19 @@ def seen_tokens(ids: torch.Tensor, vocab: int) -> torch.Tensor:
     return seen.scatter_(1, ids.clamp(max=vocab - 1), True)
 
 
+def _model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextmanager
+def decoding(*models, pack="auto", keep: bool = True) -> Iterator[bool]:
+    """The kernels decoding runs with: prepacked CPU weights (``llmlab.model.packing``) and, on
+    CUDA, SDPA backends that take a new key length each step
+    (``llmlab.model.attention.decode_backends``). Yields whether weights were packed."""
+    with decode_attention(_model_device(models[0])), packed_linears(*models, enabled=pack, keep=keep) as packed:
+        yield packed
+
+
 @torch.no_grad()
 def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
@@ -108,7 +123,7 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     was_training = model.training
     model.eval()
     try:
-        with packed_linears(model, enabled=pack, keep=not was_training):  # training: weights will change
+        with decoding(model, pack=pack, keep=not was_training):  # training: weights will change
             return _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token)
     finally:
         model.train(was_training)

@@ -26,8 +26,7 @@ from typing import Callable
 
 import torch
 
-from llmlab.model.packing import packed_linears
-from llmlab.sample.generate import SamplingConfig, penalize, seen_tokens, token_probs
+from llmlab.sample.generate import SamplingConfig, decoding, penalize, seen_tokens, token_probs
 
 
 def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator | None
@@ -113,7 +112,7 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
     target.eval()
     if draft is not None:
         draft.eval()
-    with packed_linears(target, draft, enabled=pack):
+    with decoding(target, draft, pack=pack):
         return _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min_confidence)
 
 

@@ -75,6 +75,24 @@ def test_cached_decoding_matches_full_forward(attn, pos):
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
+def test_cached_decoding_under_bf16_autocast(attn):
+    """``precision=bf16`` samples under autocast: keys and values come out of the projections in
+    bf16, so the cache is kept in bf16 (half the memory), every kind appends to it (the rolling
+    SWA cache once refused a dtype other than its own), and the logits follow the full forward
+    to bf16 accuracy."""
+    model = tiny_model(attention=ATTN[attn])
+    x = torch.randint(0, 97, (2, 20))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model.new_cache(2)
+        full = model(x).logits.float()
+        steps = incremental_logits(model, x, list(range(1, 20))).float()
+    tensors = [t for layer in cache.layers for t in vars(layer).values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    assert tensors and all(t.dtype == torch.bfloat16 for t in tensors)
+    torch.testing.assert_close(steps, full, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("attn", ATTENTION.names())
 def test_cached_and_uncached_greedy_generation_agree(attn):
     model = tiny_model(attention=ATTN[attn])
     prompt = torch.randint(0, 97, (2, 5))

@@ -38,3 +38,38 @@ def test_filters_compose_and_greedy_is_one_hot():
 def test_bad_rules_name_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
         SamplingConfig(**{key: value}).check()
+
+
+def test_decoding_on_cuda_keeps_cudnn_attention_out_and_restores_it(monkeypatch):
+    """cuDNN's SDPA builds a plan per key length, which decoding changes every step: inside
+    ``generate`` on CUDA only flash, memory-efficient and math attention may run; elsewhere,
+    and afterwards, the backend flags are as they were. (The flags are process state, so this
+    runs without a GPU; the model is on the CPU and only the device it reports is CUDA.)"""
+    from llmlab.model.attention import decode_backends
+    from llmlab.sample import generate as gen_mod
+    from tests.conftest import tiny_model
+
+    flags = torch.backends.cuda
+    state = lambda: (flags.cudnn_sdp_enabled(), flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled(),
+                     flags.math_sdp_enabled())
+    before = state()
+    assert decode_backends(torch.device("cpu")) is None
+    assert "CUDNN_ATTENTION" not in {b.name for b in decode_backends(torch.device("cuda"))}
+    seen = []
+    model = tiny_model()
+    real = gen_mod._generate
+
+    def spy(*args):
+        seen.append(state())
+        return real(*args)
+
+    monkeypatch.setattr(gen_mod, "_generate", spy)
+    x = torch.randint(0, 97, (1, 4))
+    cfg = gen_mod.SamplingConfig(max_new_tokens=3, temperature=0.0)
+    gen_mod.generate(model, x, cfg)  # on the CPU: nothing changes
+    with monkeypatch.context() as m:  # report a CUDA device
+        m.setattr(gen_mod, "_model_device", lambda model: torch.device("cuda"))
+        gen_mod.generate(model, x, cfg)
+    assert seen[0] == before
+    assert seen[1] == (False, True, True, True)
+    assert state() == before
