@@ -38,8 +38,7 @@ def decode_backends(device: torch.device) -> list | None:
     if device.type != "cuda":
         return None
     from torch.nn.attention import SDPBackend
-    wanted = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-    return [getattr(SDPBackend, name) for name in wanted if hasattr(SDPBackend, name)]
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def decode_attention(device: torch.device):

@@ -218,7 +218,7 @@ class Transformer(nn.Module):
         max_len = max_len or self.max_seq_len
         if dtype is None:
             dtype = p.dtype
-            if torch.is_autocast_enabled(p.device.type) and hasattr(torch, "get_autocast_dtype"):
+            if torch.is_autocast_enabled(p.device.type):
                 dtype = torch.get_autocast_dtype(p.device.type)
         return ModelCache([blk.attn.new_cache(batch, max_len, p.device, dtype, slack)
                            for blk in self.blocks])

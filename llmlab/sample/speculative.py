@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from llmlab.sample.generate import SamplingConfig, decoding, penalize, seen_tokens, token_probs
+from llmlab.sample.generate import SamplingConfig, decoding, next_token, seen_tokens, token_probs
 
 
 def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator | None
@@ -174,7 +174,7 @@ def _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min
         def draw(logits: torch.Tensor) -> bool:
             """Draft a token from ``logits``; False when the round should stop drafting."""
             if greedy:  # q is one-hot on the arg-max: no need to build it
-                d = int(penalize(logits.float()[None], draft_seen, cfg.repetition_penalty).argmax())
+                d = int(next_token(logits[None], cfg, None, draft_seen))
             else:
                 q = token_probs(logits[None], cfg, draft_seen)[0]
                 d = int(torch.multinomial(q, 1, generator=generator))
@@ -206,7 +206,7 @@ def _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min
                 rows[i + 1:, d] = True
         logits = res.logits[0, :, :vocab]  # (n + 1, V), all positions at once
         if greedy:
-            j, nxt = verify_greedy(penalize(logits.float(), rows, cfg.repetition_penalty).argmax(-1).tolist(), drafts)
+            j, nxt = verify_greedy(next_token(logits, cfg, None, rows).tolist(), drafts)
         else:
             ps = token_probs(logits, cfg, rows)
             j, nxt = verify(ps, torch.stack(qs) if qs else ps[:0], drafts, generator)
