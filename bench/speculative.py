@@ -2,18 +2,20 @@
 trained by ``llmlab train`` on the stdlib corpus with the same tokenizer, greedy.
 
     python -m bench.speculative [--target-steps 300] [--draft-steps 300] [--distill-steps 300] [--k 4]
-                                [--min-confidence 0.5 ...] [--no-unpacked] [--keep DIR]
+                                [--min-confidence 0.5 ...] [--draft-vocab 2048 ...] [--no-unpacked] [--keep DIR]
 
 Two drafts of one shape: ``draft``, trained on the corpus, and ``distilled``, trained from the
 target on the target's own greedy continuations (``distill.teacher=<target> distill.data=teacher``).
 For each prompt, plain greedy decoding and speculative greedy decoding with each draft (as is,
 and with ``spec.min_confidence`` at each --min-confidence) are timed (median of --repeats,
-interleaved) and must give the same tokens. Decoding uses prepacked CPU weights, as ``llmlab
-sample`` does by default; with --unpacked (the default) plain decoding and each draft are also
-timed without them (``name/unpacked``), each speed-up against plain decoding of the same kind.
-Recorded: parameter counts and their ratio, and per draft the acceptance rate, tokens per
-target forward, tokens/s and the speed-up (target > 1.5x), and how often the draft's top token
-is the target's on the target's greedy text, by the draft's confidence. Results go to bench/results/speculative.json.
+interleaved) and must give the same tokens. With --draft-vocab N, each draft is also timed
+proposing only the N most frequent training tokens (``spec.draft_vocab``, ``name/vocabN``).
+Decoding uses prepacked CPU weights, as ``llmlab sample`` does by default; with --unpacked (the
+default) plain decoding and each draft are also timed without them (``name/unpacked``), each
+speed-up against plain decoding of the same kind. Recorded: parameter counts and their ratio,
+and per draft the acceptance rate, tokens per target forward, tokens/s and the speed-up (target
+> 1.5x), and how often the draft's top token is the target's on the target's greedy text, by the
+draft's confidence. Results go to bench/results/speculative.json.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--min-confidence", type=float, nargs="*", default=[],
                     help="also measure each draft with spec.min_confidence at these thresholds")
+    ap.add_argument("--draft-vocab", type=int, nargs="*", default=[],
+                    help="also measure each draft proposing only the N most frequent training tokens")
     ap.add_argument("--unpacked", action=argparse.BooleanOptionalAction, default=True,
                     help="also time plain and speculative decoding without prepacked CPU weights (pack=False)")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -86,7 +90,7 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
 
     from llmlab.model.packing import should_pack
     from llmlab.sample.generate import SamplingConfig, generate
-    from llmlab.sample.speculative import speculative_generate
+    from llmlab.sample.speculative import frequent_tokens, speculative_generate
     from llmlab.train.checkpoint import build_model, load_checkpoint
 
     torch.manual_seed(0)
@@ -96,12 +100,20 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     models = {name: build_model(load_checkpoint(d), cpu) for name, d in draft_dirs.items()}
     # each draft as is, and stopping a round at an unsure draft (spec.min_confidence); decoding
     # with prepacked CPU weights (the default, pack="auto"), and without them (name/unpacked)
-    drafts = {name: (model, 0.0, "auto") for name, model in models.items()}
-    drafts.update({f"{name}@{t:g}": (model, t, "auto") for name, model in models.items()
+    drafts = {name: (model, 0.0, "auto", None) for name, model in models.items()}
+    drafts.update({f"{name}@{t:g}": (model, t, "auto", None) for name, model in models.items()
                    for t in args.min_confidence if t > 0})
+    if args.draft_vocab:
+        for name, model in models.items():
+            counts = load_checkpoint(draft_dirs[name]).token_counts()
+            counts = counts if counts is not None else tckpt.token_counts()
+            if counts is None:
+                raise SystemExit(f"bench.speculative: --draft-vocab needs token counts in {draft_dirs[name]} or the target")
+            drafts.update({f"{name}/vocab{n}": (model, 0.0, "auto", frequent_tokens(counts, n))
+                           for n in args.draft_vocab})
     plains = {"plain": "auto"}
     if args.unpacked:
-        drafts.update({f"{name}/unpacked": (model, 0.0, False) for name, model in models.items()})
+        drafts.update({f"{name}/unpacked": (model, 0.0, False, None) for name, model in models.items()})
         plains["plain/unpacked"] = False
     tok = tckpt.tokenizer()
     cfg = SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.0)
@@ -123,10 +135,10 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
                     outs.append(generate(target, torch.tensor([ids]), cfg, pack=pack)[0].tolist())
                     times[name].append(time.perf_counter() - t)
                 plain = outs[0]
-                for name, (draft, threshold, pack) in drafts.items():
+                for name, (draft, threshold, pack, shortlist) in drafts.items():
                     t = time.perf_counter()
-                    spec, stats[name] = speculative_generate(target, ids, cfg, args.k, draft,
-                                                             min_confidence=threshold, pack=pack)
+                    spec, stats[name] = speculative_generate(target, ids, cfg, args.k, draft, min_confidence=threshold,
+                                                             pack=pack, draft_vocab=shortlist)
                     times[name].append(time.perf_counter() - t)
                     outs.append(spec)
                 if any(o != plain for o in outs):
@@ -139,7 +151,7 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
                 plain_totals[name] += plain_s[name]
             row = {"prompt": prompt, "new_tokens": new, **{f"{name}_s": round(v, 4) for name, v in plain_s.items()}}
             line = f"{prompt!r:42} plain {new / plain_s['plain']:6.1f} tok/s"
-            for name, (_, _, pack) in drafts.items():
+            for name, (_, _, pack, _) in drafts.items():
                 s = statistics.median(times[name])
                 p = plain_s["plain" if pack else "plain/unpacked"]
                 total = totals[name]
@@ -166,13 +178,14 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
         **({"plain_unpacked_tokens_per_s": tokens_total / plain_totals["plain/unpacked"]} if args.unpacked else {}),
         "greedy_outputs_identical": True, "target_speedup": 1.5, "drafts": {},
     }
-    for name, (model, threshold, pack) in drafts.items():
+    for name, (model, threshold, pack, shortlist) in drafts.items():
         plain_total = plain_totals["plain" if pack else "plain/unpacked"]
         d = draft_dirs[name.split("@")[0].split("/")[0]]
         dp = sum(p.numel() for p in model.parameters())
         total, info = totals[name], summary(d)
         result["drafts"][name] = {
             "overrides": args.draft, "teacher": info.get("teacher"), "min_confidence": threshold,
+            "draft_vocab": len(shortlist) if shortlist is not None else None,
             "packed_weights": packs[pack],
             "steps": args.distill_steps if info.get("teacher") else args.draft_steps, "params": dp,
             "draft_over_target_params": round(dp / tp, 3), "val_loss": info["val_loss"],
@@ -181,7 +194,7 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
             "acceptance": total["accepted"] / max(1, total["proposed"]),
             "tokens_per_target_forward": tokens_total / max(1, total["forwards"]),
         }
-        if threshold == 0 and pack:
+        if threshold == 0 and pack and shortlist is None:
             result["drafts"][name]["on_target_greedy_text"] = agreement_by_confidence(model, greedy)
     return result
 

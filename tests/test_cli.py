@@ -3,6 +3,7 @@ whole tokenize -> train -> sample -> eval run on a small corpus."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,8 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     (["sample", "top_p=1.5"], ["top_p: must be in (0, 1]"]),
     (["sample", "spec.min_confidence=1.5"], ["spec.min_confidence: must be a number in [0, 1], got 1.5"]),
     (["sample", "pack_weights=fast"], ["pack_weights: must be one of auto, true, false; got 'fast'"]),
+    (["sample", "draft=d", "spec.draft_vocab=0"], ["spec.draft_vocab: must be an integer >= 1, or null", "got 0"]),
+    (["sample", "spec.draft_vocab=64"], ["spec.draft_vocab:", "pass draft=<ckpt>"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
     one_line_error(run_cli(*args, cwd=tmp_path), 2, *fragments)
@@ -121,6 +124,16 @@ def test_train_writes_a_run_directory(trained):
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert all(k in records[0] for k in ("train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/mfu"))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    # each checkpoint keeps the token frequencies of the training split (draft shortlists)
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from llmlab.data.shards import read_shard
+    data = root / summary["data"]  # absolute: the join keeps it
+    meta = json.loads((data / "meta.json").read_text())
+    train_ids = read_shard(data / "train.bin", meta["dtype"])
+    counts = load_file(str(run / "checkpoints" / "step_000006" / "token_counts.safetensors"))["counts"]
+    assert counts.tolist() == np.bincount(train_ids, minlength=meta["vocab_size"]).tolist()
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
     assert "data:" in (run / "config.yaml").read_text()
 
@@ -192,6 +205,16 @@ def test_speculative_sampling_with_a_draft_checkpoint(trained):
     unsure = run_cli("sample", *common, "draft=outputs/run/checkpoints/step_000003", "spec.min_confidence=0.5", cwd=root)
     assert unsure.returncode == 0, unsure.stderr
     assert unsure.stdout == plain.stdout and "min_confidence=0.5" in unsure.stderr
+    # a draft that proposes only the 40 most frequent training tokens: the same greedy text
+    short = run_cli("sample", *common, "draft=outputs/run/checkpoints/step_000003", "spec.draft_vocab=40", cwd=root)
+    assert short.returncode == 0, short.stderr
+    assert short.stdout == plain.stdout and "draft vocabulary 40 tokens" in short.stderr
+    # checkpoints saved without token counts: one line naming the key
+    for name in ("bare_target", "bare_draft"):
+        shutil.copytree(root / "outputs/run/checkpoints/step_000003", root / name, dirs_exist_ok=True)
+        (root / name / "token_counts.safetensors").unlink()
+    one_line_error(run_cli("sample", "ckpt=bare_target", "draft=bare_draft", "spec.draft_vocab=40", cwd=root), 1,
+                   "spec.draft_vocab", "token counts")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "spec.mtp=true", cwd=root), 1, "spec.mtp", "MTP heads")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "spec.k=0", cwd=root), 2, "spec.k")
 

@@ -12,7 +12,7 @@ KEYS = ("ckpt", "prompt", "prompt_file", "max_new_tokens", "temperature", "top_k
         "repetition_penalty", "stop_at_eos", "num_samples", "seed", "device", "precision", "pack_weights", "draft",
         "spec")
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
-SPEC_KEYS = ("k", "mtp", "compare", "min_confidence")
+SPEC_KEYS = ("k", "mtp", "compare", "min_confidence", "draft_vocab")
 
 
 def sampling_config(cfg: dict):
@@ -50,6 +50,12 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"spec.min_confidence: must be a number in [0, 1], got {confidence!r}")
     if spec.get("mtp") and cfg.get("draft") is not None:
         raise ConfigError("spec.mtp: self-speculative decoding uses no draft; drop draft= or spec.mtp=true")
+    vocab = spec.get("draft_vocab")
+    if vocab is not None:
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise ConfigError(f"spec.draft_vocab: must be an integer >= 1, or null for every token; got {vocab!r}")
+        if cfg.get("draft") is None:
+            raise ConfigError("spec.draft_vocab: shortlists a draft model's tokens; pass draft=<ckpt> or drop it")
 
 
 def read_prompts(cfg: dict) -> list[str]:
@@ -107,13 +113,14 @@ def run(cfg: dict, run_dir: Path) -> None:
     model = build_model(ckpt, device)
     tok = ckpt.tokenizer()
     spec = cfg["spec"]
-    draft = None
+    draft = draft_vocab = None
     if cfg.get("draft") is not None:
         dckpt = causal_checkpoint(cfg["draft"], "draft")
         if dckpt.tokenizer_path.read_bytes() != ckpt.tokenizer_path.read_bytes():
             raise UserError(f"draft: {dckpt.path} uses another tokenizer than ckpt={ckpt.path}; "
                             "a draft must share the target's tokenizer")
         draft = build_model(dckpt, device)
+        draft_vocab = draft_shortlist(spec.get("draft_vocab"), dckpt, ckpt)
     elif spec["mtp"] and not len(model.mtp):
         raise UserError(f"spec.mtp: {ckpt.path} has no MTP heads (model.mtp_heads=0); train with model.mtp_heads=N "
                         "or pass draft=<ckpt>")
@@ -124,6 +131,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     gen = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
     speculative = draft is not None or spec["mtp"]
     stop = f", min_confidence={spec['min_confidence']:g}" if spec.get("min_confidence") else ""
+    stop += f", draft vocabulary {len(draft_vocab):,} tokens" if draft_vocab is not None else ""
     how = (f", speculative: draft {Path(cfg['draft'])}, k={spec['k']}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
     pack = cfg.get("pack_weights", "auto")
@@ -140,7 +148,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     with amp:
         if speculative:
             results, stats = _speculative(model, draft, encoded, n, sampling, spec["k"], eos_id, gen, writer,
-                                          float(spec.get("min_confidence", 0.0)), pack)
+                                          float(spec.get("min_confidence", 0.0)), pack, draft_vocab)
         else:
             results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer, pack)
     elapsed = time.perf_counter() - t0
@@ -232,14 +240,34 @@ def _plain(model, encoded, n, sampling, eos_id, gen, writer, pack="auto"):
     return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
 
 
-def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min_confidence=0.0, pack="auto"):
+def draft_shortlist(n, dckpt, ckpt):
+    """``spec.draft_vocab``: the ``n`` tokens most frequent in the draft's training data (or,
+    for a draft saved without token counts, the target's); None for all."""
+    from llmlab.errors import UserError
+    from llmlab.sample.speculative import frequent_tokens
+
+    if n is None:
+        return None
+    counts = dckpt.token_counts()
+    counts = counts if counts is not None else ckpt.token_counts()
+    if counts is None:
+        raise UserError(f"spec.draft_vocab: neither draft={dckpt.path} nor ckpt={ckpt.path} holds token counts "
+                        "(token_counts.safetensors, saved by llmlab train); drop spec.draft_vocab or train again")
+    if n >= len(counts):
+        return None
+    return frequent_tokens(counts, n)
+
+
+def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min_confidence=0.0, pack="auto",
+                 draft_vocab=None):
     """One sequence at a time: each row accepts a different number of drafts per round."""
     from llmlab.sample.speculative import speculative_generate
 
     results, totals, first = [], {"proposed": 0, "accepted": 0, "forwards": 0, "rounds": 0, "new": 0}, None
     for i, ids in enumerate(encoded):
         for _ in range(n):
-            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer, min_confidence, pack)
+            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer, min_confidence, pack,
+                                           draft_vocab)
             results.append((i, out[len(ids):]))
             first = st.first_token_s if first is None else first
             totals["proposed"] += st.proposed

@@ -35,6 +35,7 @@ DEFAULT_CACHE = ".cache/llmlab"
 # both encoder threads busy and the progress bar moving.
 _SAFE_CUT = re.compile(r"(?<=\S)\n(?=\S)")
 PIECE_CHARS = 8192
+COUNT_LIMIT = 1 << 27  # tokens of a split that `Prepared.token_counts` reads at most
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
@@ -75,6 +76,11 @@ class Prepared:
 
     def tokens(self, split: str) -> np.ndarray:
         return read_shard(self.path / f"{split}.bin", self.meta["dtype"])
+
+    def token_counts(self, split: str = "train", limit: int = COUNT_LIMIT) -> np.ndarray:
+        """(vocab_size,) int64: occurrences of each token id in the first ``limit`` tokens of
+        ``split`` (a prefix keeps the cost bounded on large corpora; ranks barely move)."""
+        return np.bincount(self.tokens(split)[:limit], minlength=self.vocab_size).astype(np.int64)
 
     def tokenizer(self) -> TextTokenizer:
         return TextTokenizer.load(self.path / "tokenizer.json", self.meta.get("eos"))

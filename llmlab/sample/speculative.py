@@ -16,15 +16,23 @@ Proposers:
 
 p and q are the distributions after the sampling rules (penalty, temperature, top-k, top-p,
 min-p), so the filters stay exact too. Rejected tokens are rolled back from the caches.
+
+A draft may propose from a shortlist of frequent tokens only (``draft_vocab``; Zhao et al.
+2025, FR-Spec): its LM head, often half a small draft's weights, then multiplies only those
+rows. q is zero off the list, which the residual max(0, p - q) accounts for, so decoding stays
+exact; a token off the list is never drafted, only emitted by the target.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
+from torch import nn
 
 from llmlab.sample.generate import SamplingConfig, decoding, next_token, seen_tokens, token_probs
 
@@ -54,6 +62,58 @@ def verify_greedy(best: list[int], drafts: list[int]) -> tuple[int, int]:
     while j < len(drafts) and drafts[j] == best[j]:
         j += 1
     return j, best[j]
+
+
+def frequent_tokens(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The ids of the ``n`` most frequent tokens by ``counts`` (vocab,), ties to the lower id;
+    sorted."""
+    return torch.argsort(torch.as_tensor(counts), descending=True, stable=True)[:n].sort().values
+
+
+class ShortlistHead(nn.Module):
+    """An LM head that scores only the tokens ``ids``; every other logit is -inf. ``sub``
+    holds those rows of the head's weight (an ``nn.Linear``, so decoding can prepack it)."""
+
+    def __init__(self, head: nn.Linear, ids: torch.Tensor):
+        super().__init__()
+        w = head.weight
+        self.width = head.out_features
+        self.register_buffer("ids", ids.to(w.device), persistent=False)
+        self.sub = nn.Linear(head.in_features, len(ids), bias=head.bias is not None, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            self.sub.weight.copy_(w[self.ids])
+            if head.bias is not None:
+                self.sub.bias.copy_(head.bias[self.ids])
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        scores = self.sub(h)
+        out = scores.new_full((*scores.shape[:-1], self.width), float("-inf"))
+        return out.index_copy_(-1, self.ids, scores)
+
+
+# draft -> (key of the head weight and shortlist, the ShortlistHead made for them)
+_shortlists: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, ShortlistHead]] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def shortlisted(model: nn.Module, ids: torch.Tensor | None) -> Iterator[None]:
+    """While open, ``model``'s LM head scores only ``ids`` (None: every token). The head is
+    made once per model, shortlist and weight version, and the model's own head comes back on exit."""
+    if ids is None or len(ids) >= model.lm_head.out_features:
+        yield
+        return
+    head = model.lm_head
+    key = (head.weight.data_ptr(), head.weight._version, tuple(ids.tolist()))
+    hit = _shortlists.get(model)
+    if hit is None or hit[0] != key:
+        with torch.inference_mode(False), torch.no_grad():
+            hit = (key, ShortlistHead(head, ids))
+        _shortlists[model] = hit
+    model.lm_head = hit[1]
+    try:
+        yield
+    finally:
+        model.lm_head = head
 
 
 class CachedModel:
@@ -102,17 +162,21 @@ class SpecStats:
 def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int, draft=None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          on_token: Callable[[int], None] | None = None,
-                         min_confidence: float = 0.0, pack="auto") -> tuple[list[int], SpecStats]:
+                         min_confidence: float = 0.0, pack="auto", draft_vocab: torch.Tensor | None = None
+                         ) -> tuple[list[int], SpecStats]:
     """Extend one prompt by up to ``cfg.max_new_tokens`` tokens, drafting with ``draft`` or,
     without one, with the target's MTP heads, up to ``k`` tokens a round (fewer where the
     proposer's probability of a draft falls below ``min_confidence``). Returns (prompt + new
-    tokens, stats). ``pack``: prepacked CPU weights, as for ``generate``."""
+    tokens, stats). ``pack``: prepacked CPU weights, as for ``generate``. ``draft_vocab``: the
+    token ids the draft may propose (`frequent_tokens`); None: all."""
     if draft is None and not len(target.mtp):
         raise ValueError("self-speculative decoding needs a model with MTP heads (model.mtp_heads > 0)")
+    if draft_vocab is not None and (draft is None or draft is target):
+        raise ValueError("draft_vocab shortlists a separate draft model's head")
     target.eval()
     if draft is not None:
         draft.eval()
-    with decoding(target, draft, pack=pack):
+    with shortlisted(draft, draft_vocab), decoding(target, draft, pack=pack):
         return _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min_confidence)
 
 

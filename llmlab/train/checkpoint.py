@@ -7,6 +7,8 @@
       model.json          the ModelSpec that rebuilds the network
       config.yaml         the resolved config of the run
       tokenizer.json      the tokenizer, so sample/eval need nothing else
+      token_counts.safetensors  how often each token id occurs in the training data (a
+                          speculative draft's shortlist, ``spec.draft_vocab``); optional
 
 Loading reads and checks everything before touching the model, and never unpickles code.
 """
@@ -30,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from llmlab.errors import UserError
 
 REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
+TOKEN_COUNTS = "token_counts.safetensors"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -52,9 +55,10 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping[str, torch.Tensor], spec_dict: dict,
                     config: Any, tokenizer_path: Path, state: dict, trainer_state: dict | None = None,
-                    keep: int | None = None) -> Path:
+                    keep: int | None = None, token_counts: torch.Tensor | None = None) -> Path:
     """Write one checkpoint directory atomically. ``model`` is a module, or its weights
-    already gathered (each tied tensor once)."""
+    already gathered (each tied tensor once). ``token_counts``: (vocab,) occurrences of each
+    token id in the training data, kept beside the weights."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     for stale in ckpt_root.glob(".tmp-step_*"):  # left by a save that was killed; one writer per run
@@ -72,6 +76,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
         conf = config if isinstance(config, dict) else OmegaConf.to_container(config, resolve=True)
         (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(conf)))
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
+        if token_counts is not None:
+            save_file({"counts": torch.as_tensor(token_counts, dtype=torch.int64).contiguous()}, str(tmp / TOKEN_COUNTS))
         for f in tmp.iterdir():  # durable before it becomes visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -159,6 +165,17 @@ class Checkpoint:
     def tokenizer(self):
         from llmlab.data.tokenizer import EOS, TextTokenizer
         return TextTokenizer.load(self.tokenizer_path, self.state.get("eos", EOS))
+
+    def token_counts(self) -> torch.Tensor | None:
+        """(vocab,) int64: how often each token id occurs in the training data; None for a
+        checkpoint saved without them."""
+        f = self.path / TOKEN_COUNTS
+        if not f.exists():
+            return None
+        try:
+            return load_file(str(f))["counts"]
+        except (SafetensorError, OSError, ValueError, KeyError) as e:
+            raise UserError(f"ckpt: {f} is unreadable ({type(e).__name__}); the checkpoint is damaged") from e
 
     def trainer_state(self) -> dict | None:
         f = self.path / "trainer.pt"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
@@ -105,6 +106,7 @@ class Trainer:
         self.spec = spec = ModelSpec.from_config(cfg, prepared.vocab_size)
         self.block = block = spec.model.max_seq_len
         self.train_tokens, self.val_tokens = prepared.tokens("train"), prepared.tokens("val")
+        self._token_counts = None  # counted at the first save
         check_length(self.val_tokens, block, "val")
         self.tokens_per_step = loop.batch_size * loop.grad_accum * block * dist.world_size
         self.steps = math.ceil(loop.max_tokens / self.tokens_per_step) if loop.max_tokens else loop.steps
@@ -219,9 +221,15 @@ class Trainer:
                        "world_size": dist.world_size, "data_rng": self.sampler.state(),
                        "data_key": prepared.meta["key"], "eos": prepared.meta["eos"],
                        "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
-                trainer_state=trainer, keep=self.loop.keep_checkpoints)
+                trainer_state=trainer, keep=self.loop.keep_checkpoints, token_counts=self.token_counts())
         barrier(dist)
         return broadcast(path, dist)
+
+    def token_counts(self) -> np.ndarray:
+        """Token frequencies of the training split, counted once, saved with each checkpoint."""
+        if self._token_counts is None:
+            self._token_counts = self.prepared.token_counts("train")
+        return self._token_counts
 
     def evaluate(self) -> tuple[dict[str, float], list[tuple[str, str]]]:
         """Validation loss (and prompt completions). Every rank scores the same windows, so

@@ -7,7 +7,8 @@ import torch
 
 from llmlab.eval.stats import chi2_sf
 from llmlab.sample.generate import SamplingConfig, generate, seen_tokens, token_probs
-from llmlab.sample.speculative import speculative_generate, verify, verify_greedy
+from llmlab.sample.speculative import (ShortlistHead, frequent_tokens, shortlisted, speculative_generate, verify,
+                                       verify_greedy)
 from tests.conftest import tiny_model
 
 KINDS = [{"kind": "mha"}, {"kind": "gqa", "kv_heads": 2}, {"kind": "mqa"}, {"kind": "swa", "window": 6},
@@ -155,11 +156,13 @@ def test_verify_draws_from_the_target_distribution():
     assert chi2_p(second, p[1].numpy()) > 1e-3
 
 
-@pytest.mark.parametrize("min_confidence", [0.0, 0.3])
-def test_sampled_tokens_follow_the_target_distribution_with_filters(min_confidence):
+@pytest.mark.parametrize("min_confidence, shortlist", [(0.0, None), (0.3, None), (0.0, [0, 2, 3])],
+                         ids=["plain", "confidence-stop", "draft-shortlist"])
+def test_sampled_tokens_follow_the_target_distribution_with_filters(min_confidence, shortlist):
     """End to end on a 6-token vocabulary: the joint distribution of the first two sampled
     tokens, under temperature, top-k and a repetition penalty, matches the target's, also
-    when rounds stop drafting at an unsure draft."""
+    when rounds stop drafting at an unsure draft, and when the draft may propose only half
+    the vocabulary (the others come from the residual alone)."""
     V = 6
     target = tiny_model(0, vocab_size=V, vocab_multiple=8, init_std=0.5, n_layers=1)
     draft = tiny_model(3, vocab_size=V, vocab_multiple=8, init_std=0.5, n_layers=1)
@@ -176,13 +179,56 @@ def test_sampled_tokens_follow_the_target_distribution_with_filters(min_confiden
     counts = np.zeros((V, V))
     proposed = accepted = rounds = 0
     for _ in range(1500):
-        out, stats = speculative_generate(target, prompt, cfg, 3, draft, generator=g, min_confidence=min_confidence)
+        out, stats = speculative_generate(target, prompt, cfg, 3, draft, generator=g, min_confidence=min_confidence,
+                                          draft_vocab=torch.tensor(shortlist) if shortlist else None)
         counts[out[3], out[4]] += 1
         proposed, accepted, rounds = proposed + stats.proposed, accepted + stats.accepted, rounds + stats.rounds
     assert 0.05 < accepted / proposed < 0.95  # the draft disagrees often enough to test rejections
     if min_confidence:
         assert rounds < proposed < 3 * rounds  # some rounds stopped early, some did not
     assert chi2_p(counts.ravel(), joint.ravel()) > 1e-3
+
+
+def test_shortlist_head_scores_only_its_tokens():
+    model = tiny_model(0, init_std=0.3)
+    h = torch.randn(2, 3, model.lm_head.in_features)
+    ids = torch.tensor([1, 5, 40, 96])
+    with torch.no_grad():
+        full, short = model.lm_head(h), ShortlistHead(model.lm_head, ids)(h)
+    assert short.shape == full.shape
+    assert torch.allclose(short[..., ids], full[..., ids], atol=1e-6)
+    off = torch.ones(full.shape[-1], dtype=torch.bool)
+    off[ids] = False
+    assert torch.isneginf(short[..., off]).all()
+    # the 2 most frequent, ties to the lower id, returned sorted
+    assert frequent_tokens(torch.tensor([3, 9, 1, 9, 0]), 2).tolist() == [1, 3]
+    assert frequent_tokens(torch.tensor([3, 9, 1, 9, 0]), 3).tolist() == [0, 1, 3]
+
+
+def test_greedy_output_is_exact_with_a_draft_shortlist():
+    """The draft proposes only shortlisted tokens; output stays the target's greedy output,
+    and the draft's own head is back afterwards."""
+    target = tiny_model(0, init_std=0.3)
+    draft = tiny_model(1, n_layers=1, init_std=0.3)
+    prompt = [3, 5, 7, 9, 11]
+    cfg = SamplingConfig(max_new_tokens=24, temperature=0.0)
+    plain = generate(target, torch.tensor([prompt]), cfg)[0].tolist()
+    head = draft.lm_head
+    out, full = speculative_generate(target, prompt, cfg, 4, target)  # a perfect draft ...
+    assert out == plain and full.acceptance == 1.0
+    used = sorted(set(plain[len(prompt):]))
+    out, _ = speculative_generate(target, prompt, cfg, 4, draft, draft_vocab=torch.tensor(used))
+    assert out == plain and draft.lm_head is head
+    # ... loses every proposal when its shortlist leaves out every token the target picks
+    unused = torch.tensor([t for t in range(97) if t not in used])
+    perfect = tiny_model(0, init_std=0.3)  # the target's weights in a separate module
+    out, none = speculative_generate(target, prompt, cfg, 4, perfect, draft_vocab=unused)
+    assert out == plain and none.proposed > 0 and none.accepted == 0
+    out, only = speculative_generate(target, prompt, cfg, 4, perfect, draft_vocab=torch.tensor(used))
+    assert out == plain and only.acceptance == 1.0
+    with shortlisted(perfect, torch.tensor(used)):
+        assert isinstance(perfect.lm_head, ShortlistHead)
+    assert not isinstance(perfect.lm_head, ShortlistHead)
 
 
 def test_caches_roll_back_exactly():
