@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 from safetensors import SafetensorError
@@ -55,7 +56,7 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping[str, torch.Tensor], spec_dict: dict,
                     config: Any, tokenizer_path: Path, state: dict, trainer_state: dict | None = None,
-                    keep: int | None = None, token_counts: torch.Tensor | None = None) -> Path:
+                    keep: int | None = None, token_counts: np.ndarray | torch.Tensor | None = None) -> Path:
     """Write one checkpoint directory atomically. ``model`` is a module, or its weights
     already gathered (each tied tensor once). ``token_counts``: (vocab,) occurrences of each
     token id in the training data, kept beside the weights."""
