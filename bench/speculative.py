@@ -90,7 +90,8 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
 
     from llmlab.model.packing import should_pack
     from llmlab.sample.generate import SamplingConfig, generate
-    from llmlab.sample.speculative import frequent_tokens, speculative_generate
+    from llmlab.commands.sample import draft_shortlist
+    from llmlab.sample.speculative import speculative_generate
     from llmlab.train.checkpoint import build_model, load_checkpoint
 
     torch.manual_seed(0)
@@ -104,12 +105,9 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     drafts.update({f"{name}@{t:g}": (model, t, "auto", None) for name, model in models.items()
                    for t in args.min_confidence if t > 0})
     if args.draft_vocab:
-        for name, model in models.items():
-            counts = load_checkpoint(draft_dirs[name]).token_counts()
-            counts = counts if counts is not None else tckpt.token_counts()
-            if counts is None:
-                raise SystemExit(f"bench.speculative: --draft-vocab needs token counts in {draft_dirs[name]} or the target")
-            drafts.update({f"{name}/vocab{n}": (model, 0.0, "auto", frequent_tokens(counts, n))
+        for name, model in models.items():  # the shortlist `llmlab sample spec.draft_vocab=N` uses
+            dckpt = load_checkpoint(draft_dirs[name])
+            drafts.update({f"{name}/vocab{n}": (model, 0.0, "auto", draft_shortlist(n, dckpt, tckpt))
                            for n in args.draft_vocab})
     plains = {"plain": "auto"}
     if args.unpacked:

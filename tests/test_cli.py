@@ -3,7 +3,6 @@ whole tokenize -> train -> sample -> eval run on a small corpus."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -126,13 +125,13 @@ def test_train_writes_a_run_directory(trained):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
     # each checkpoint keeps the token frequencies of the training split (draft shortlists)
     import numpy as np
-    from safetensors.torch import load_file
 
     from llmlab.data.shards import read_shard
+    from llmlab.train.checkpoint import load_checkpoint
     data = root / summary["data"]  # absolute: the join keeps it
     meta = json.loads((data / "meta.json").read_text())
     train_ids = read_shard(data / "train.bin", meta["dtype"])
-    counts = load_file(str(run / "checkpoints" / "step_000006" / "token_counts.safetensors"))["counts"]
+    counts = load_checkpoint(run / "checkpoints" / "step_000006").token_counts()
     assert counts.tolist() == np.bincount(train_ids, minlength=meta["vocab_size"]).tolist()
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
     assert "data:" in (run / "config.yaml").read_text()
