@@ -61,6 +61,7 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     (["train", "norm.kind=batchnorm"], ["norm.kind: unknown norm.kind 'batchnorm'", "layernorm, rmsnorm"]),
     (["train", "-m", "optim.lr=1e-3,-2"], ["optim.lr: must be > 0"]),
     (["train", "distill.data=gen"], ["distill.data: unknown 'gen'", "corpus, teacher"]),
+    (["train", "train.head_loss=chunked"], ["train.head_loss: unknown 'chunked'", "auto, fused, plain"]),
     (["train", "distill.wieght=0.5"], ["distill.wieght: unknown key", "gen_batch", "weight"]),
     (["sample", "max_new_tokens=-1"], ["max_new_tokens: must be >= 0"]),
     (["sample", "temperature=-0.5"], ["temperature: must be >= 0"]),

@@ -21,6 +21,7 @@ from llmlab.model.attention import ATTENTION
 from llmlab.model.block import BLOCK, NormConfig
 from llmlab.model.cache import ModelCache
 from llmlab.model.ffn import FFN, MoEConfig, round_up
+from llmlab.model.loss import linear_cross_entropy, use_fused
 from llmlab.model.norm import NORM
 from llmlab.model.objective import IGNORE, OBJECTIVE
 from llmlab.model.position import POSITION
@@ -89,7 +90,7 @@ class ModelSpec:
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # (B, T, V_padded)
+    logits: torch.Tensor | None  # (B, T, V_padded); None where forward(..., logits=False) fused the loss
     loss: torch.Tensor | None = None  # the training loss: main + weighted auxiliary losses
     weights: list | None = None  # per-layer attention weights (B, H, T, Tk), with need_weights
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to log
@@ -152,8 +153,12 @@ class Transformer(nn.Module):
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: ModelCache | None = None, need_weights: bool = False) -> ModelOutput:
-        """idx: (B, T) token ids; targets: (B, T), IGNORE where there is no loss."""
+                cache: ModelCache | None = None, need_weights: bool = False,
+                logits: bool = True, head_loss: str = "auto") -> ModelOutput:
+        """idx: (B, T) token ids; targets: (B, T), IGNORE where there is no loss.
+        ``logits=False`` (training, with targets): where ``head_loss`` says so (`use_fused`),
+        the losses come from `linear_cross_entropy`, which never holds the (B, T, V) logits,
+        and ``out.logits`` is None."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if self.pos.bounded:
@@ -168,11 +173,12 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.pos += T
         h = self.norm(x)
-        logits = self.lm_head(h)  # (B, T, V_padded)
-        out = ModelOutput(logits, weights=all_weights if need_weights else None, hidden=h)
+        fused = not logits and targets is not None and use_fused(h, self.lm_head.weight, head_loss)
+        out = ModelOutput(None if fused else self.lm_head(h), weights=all_weights if need_weights else None,
+                          hidden=h)
         if targets is None:
             return out
-        main = _cross_entropy(logits, targets)
+        main = self._head_loss(h, targets, fused, out.logits)
         out.loss = out.main_loss = main
         out.metrics["loss/main"] = main.detach()
         if len(self.mtp):
@@ -181,7 +187,7 @@ class Transformer(nn.Module):
             for k, head in enumerate(self.mtp, start=1):
                 if T <= k:
                     break
-                loss_k = _cross_entropy(self.lm_head(head(h[:, :-k])), targets[:, k:])
+                loss_k = self._head_loss(head(h[:, :-k]), targets[:, k:], fused)
                 out.metrics[f"mtp/loss_{k}"] = loss_k.detach()
                 mtp_losses.append(loss_k)
             if mtp_losses:
@@ -190,6 +196,15 @@ class Transformer(nn.Module):
             out.loss = out.loss + aux["weighted"]
             out.metrics.update({f"{name}/{k}": v.detach() for k, v in aux.items() if k != "weighted"})
         return out
+
+    def _head_loss(self, h: torch.Tensor, targets: torch.Tensor, fused: bool,
+                   logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy of the LM head on states ``h`` against ``targets``."""
+        if fused:
+            return linear_cross_entropy(h, self.lm_head.weight, targets, IGNORE)
+        logits = self.lm_head(h) if logits is None else logits
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
     def mtp_logits(self, h: torch.Tensor) -> list[torch.Tensor]:
         """Logits of each MTP head on states ``h`` (B, T, d): head k at position t predicts the
@@ -248,6 +263,3 @@ class Transformer(nn.Module):
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return sum(blk.attn.kv_cache_bytes_per_token(dtype_bytes) for blk in self.blocks)
 
-
-def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)

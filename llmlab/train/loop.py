@@ -131,6 +131,9 @@ class Trainer:
         if self.scaler.is_enabled() and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={job.optim.kind} has "
                               "several; use precision=bf16 or fp32")
+        if loop.head_loss == "fused" and self.precision == "fp16":
+            raise ConfigError("train.head_loss: fused computes the logits' gradients in the forward, before fp16 "
+                              "loss scaling could protect them; use train.head_loss=auto or plain, or precision=bf16")
         if dist.fsdp and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ConfigError(f"train.fsdp: optim={job.optim.kind} is not supported with FSDP; use DDP "
                               "(train.fsdp=false) or optim=adamw")
@@ -375,7 +378,8 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with gradient_sync(self.wrapped, self.dist, sync=micro == loop.grad_accum - 1):
                 with self.amp:
-                    out = self.step_model(x, y)
+                    # the distiller reads the logits; otherwise the loss need not keep them
+                    out = self.step_model(x, y, logits=distiller is not None, head_loss=loop.head_loss)
                     loss = out.loss
                     if distiller is not None:
                         kl = distiller.loss(x, out.logits)

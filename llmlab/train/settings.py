@@ -10,6 +10,7 @@ import torch
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
+from llmlab.model.loss import HEAD_LOSS
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.registry import parse_dataclass
 from llmlab.train.device import PRECISIONS
@@ -41,6 +42,7 @@ class LoopConfig:
     max_steps: int | None = None  # stop (saving a checkpoint) at this step; the schedule still spans `steps`
     max_time: float | None = None  # seconds; stop (saving a checkpoint) when training has run this long
     fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
+    head_loss: str = "auto"  # LM head + cross-entropy: auto | fused (chunked, no logits kept) | plain
 
     def check(self, prefix: str) -> None:
         for key in ("steps", "batch_size", "grad_accum", "log_every"):
@@ -55,6 +57,8 @@ class LoopConfig:
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"{prefix}.{key}: must be > 0 or null, got {value}")
+        if self.head_loss not in HEAD_LOSS:
+            raise ConfigError(f"{prefix}.head_loss: unknown '{self.head_loss}'; allowed: {', '.join(HEAD_LOSS)}")
         if self.max_time is not None and self.max_time < 0:
             raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
 
@@ -126,7 +130,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
 # of the run id, so a run can be resumed with another log interval, device or time budget.
 RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
 RUN_ID_IGNORES_TRAIN = {"resume", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
-                        "sample_tokens", "ckpt_every", "compile", "fsdp"}
+                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss"}
 
 
 def run_id(cfg: Mapping[str, Any]) -> str:

@@ -108,6 +108,27 @@ def test_fp16_trains_with_a_grad_scaler(corpus_dir, tmp_path):
     assert math.isfinite(summary["val_loss"])
 
 
+def test_fused_head_loss_follows_the_plain_curve(corpus_dir, tmp_path):
+    """train.head_loss=fused (chunked head and loss, no logits kept) trains like the plain head:
+    the loss at every step agrees within 1e-5 in fp32."""
+    curves = {}
+    for mode in ("plain", "fused"):
+        cfg = config(corpus_dir, tmp_path, steps=8, log_every=1, eval_every=0, head_loss=mode)
+        run_training(cfg, tmp_path / mode)
+        rows = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+        curves[mode] = [r["train/loss"] for r in rows if "train/loss" in r]
+    assert len(curves["fused"]) == 8 and curves["fused"][-1] < curves["fused"][0]
+    assert curves["fused"] == pytest.approx(curves["plain"], abs=1e-5)
+
+
+def test_fused_head_loss_refuses_fp16(corpus_dir, tmp_path):
+    from llmlab.errors import ConfigError
+    cfg = config(corpus_dir, tmp_path, steps=2, head_loss="fused")
+    cfg["precision"] = "fp16"
+    with pytest.raises(ConfigError, match=r"^train.head_loss: fused computes .* use train.head_loss=auto or plain"):
+        run_training(cfg, tmp_path / "run")
+
+
 def test_max_time_stops_and_saves(corpus_dir, tmp_path):
     summary = run_training(config(corpus_dir, tmp_path, steps=1000, eval_every=0, ckpt_every=0, max_time=0.0),
                            tmp_path / "run")
