@@ -10,8 +10,9 @@ fused linear cross-entropy, Hsu et al. 2024). The backward only scales those by 
 gradient. No FLOP is added: the same three matmuls run, the backward's two in the forward.
 
 Only a scalar loss may flow out of it (the mean over counted targets, as ``F.cross_entropy``
-with ``ignore_index`` gives), and its gradients are computed whether or not a backward follows:
-`llmlab train` uses it, evaluation keeps the plain head.
+with ``ignore_index`` gives). Its gradients are computed whenever autograd records (a backward
+is taken to follow); under ``torch.no_grad`` it computes the loss alone. `llmlab train` uses
+it; evaluation keeps the plain head, which also gives the logits.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _chunk_eager(logits, targets, row_weight, columns, acc):
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, ignore_index: int, dtype: torch.dtype):
+    def forward(ctx, h, weight, targets, ignore_index: int, dtype: torch.dtype, need_grad: bool):
         n, vocab = h.shape[0], weight.shape[0]
         valid = targets != ignore_index
         count = valid.sum()
@@ -70,27 +71,33 @@ class _LinearCrossEntropy(torch.autograd.Function):
         acc = torch.promote_types(dtype, torch.float32)  # softmax and sums: float32 at least
         row_weight = valid.to(acc) / count.clamp(min=1).to(acc)
         hc, wc = h.to(dtype), weight.to(dtype)
-        grad_h = torch.empty_like(h)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        grad_h = torch.empty_like(h) if need_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_grad else None
         loss_sum = torch.zeros((), dtype=acc, device=h.device)
         columns = torch.arange(vocab, device=h.device)
         rows = chunk_rows(n, vocab, wc.element_size())
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             x, t = hc[start:stop], safe[start:stop]
+            logits = x @ wc.t()
+            if not need_grad:
+                nll = torch.logsumexp(logits.to(acc), -1) - logits.gather(1, t[:, None]).squeeze(1).to(acc)
+                loss_sum = loss_sum + (nll * valid[start:stop]).sum()
+                continue
             chunk = _chunk_fused if torch.compiler.is_compiling() else _chunk_eager
-            nll, g = chunk(x @ wc.t(), t, row_weight[start:stop], columns, acc)
+            nll, g = chunk(logits, t, row_weight[start:stop], columns, acc)
             loss_sum = loss_sum + (nll * valid[start:stop]).sum()
             g = g.to(dtype)
             grad_h[start:stop] = g @ wc
             grad_w += (g.t() @ x).to(acc)
-        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        if need_grad:
+            ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
         return loss_sum / count  # nan when no target counts, as F.cross_entropy gives
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None, None
+        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None, None, None
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -129,8 +136,9 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
                          ignore_index: int = -100) -> torch.Tensor:
     """Mean cross-entropy of ``h @ weight.T`` against ``targets``, like
     ``F.cross_entropy(F.linear(h, weight).float(), targets, ignore_index=ignore_index)``
-    (float64 stays float64),
-    without keeping the logits. h: (..., d); weight: (V, d); targets: (...)."""
+    (float64 stays float64), without keeping the logits. h: (..., d); weight: (V, d);
+    targets: (...)."""
     d = h.shape[-1]
+    need_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     return _LinearCrossEntropy.apply(h.reshape(-1, d), weight, targets.reshape(-1), ignore_index,
-                                     compute_dtype(h))
+                                     compute_dtype(h), need_grad)

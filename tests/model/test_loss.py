@@ -49,6 +49,16 @@ def test_matches_plain_cross_entropy_and_its_gradients(monkeypatch, chunk_bytes,
     assert gh1[t == IGNORE].abs().max() == 0  # rows without a target get no gradient
 
 
+def test_without_grad_only_the_loss(monkeypatch):
+    monkeypatch.setattr(loss_mod, "CHUNK_BYTES", 8 * 29 * 10)
+    h, w, t = data()
+    with torch.no_grad():
+        loss = linear_cross_entropy(h, w, t, IGNORE)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(h, w), t, ignore_index=IGNORE).detach(),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_chunk_rows_split_evenly_under_the_byte_limit(monkeypatch):
     monkeypatch.setattr(loss_mod, "CHUNK_BYTES", 4 * 100 * 10)  # 10 rows of a 100-token float32 head
     assert chunk_rows(10, 100) == 10
