@@ -14,16 +14,28 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench.common import write_result
+from bench.common import median_of, write_result
 from llmlab.model.loss import linear_cross_entropy
 from llmlab.model.objective import IGNORE
+
+
+def cuda_times(fn, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn``, timed with CUDA events."""
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return times
 
 
 def main() -> None:
@@ -71,23 +83,13 @@ def main() -> None:
                "grad_w_rel": ((w.grad - reference[2]).norm() / reference[2].norm()).item()}
         for _ in range(2):
             step()
-        times = []
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-        for _ in range(args.repeats):
-            if cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                step()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - t0)
+            times = cuda_times(step, args.repeats)
+        else:
+            _, times = median_of(step, args.repeats)
         row = {"variant": name, "ms": statistics.median(times) * 1e3, "spread_ms": [min(times) * 1e3, max(times) * 1e3],
                **err}
         if cuda:

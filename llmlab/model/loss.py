@@ -111,25 +111,18 @@ HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 FUSED_MIN_LOGITS = 1 << 22  # below this many logits the plain path's fewer kernels win
 
 
-def fused_pays(h: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear_cross_entropy` should replace the plain head and loss for states ``h``.
-
-    Not in fp16: its gradients are computed in the forward, before a loss scaler could scale
-    them, and small ones would underflow. Not for small heads (a byte vocabulary, say), where
-    its extra kernel launches cost more than the logits' memory traffic: on a 2-core CPU,
-    768 rows of a 320-token head took 3.8 ms against 2.6 ms plain, while 2,048 rows of an
-    8,256-token head took 338-349 ms against 389-411 ms."""
-    return compute_dtype(h) != torch.float16 and h.numel() // h.shape[-1] * weight.shape[0] >= FUSED_MIN_LOGITS
-
-
 def use_fused(h: torch.Tensor, weight: torch.Tensor, mode: str = "auto") -> bool:
-    """``train.head_loss``: ``auto`` where `fused_pays`, ``fused`` wherever the dtype allows
-    (not fp16), ``plain`` never."""
-    if mode == "plain":
+    """Whether `linear_cross_entropy` replaces the plain head and loss for states ``h`` under
+    ``train.head_loss=mode``: ``plain`` never, ``fused`` always, ``auto`` for large heads.
+
+    Never in fp16: its gradients are computed in the forward, before a loss scaler could scale
+    them, and small ones would underflow. ``auto`` leaves small heads (a byte vocabulary, say)
+    alone, where its extra kernel launches cost more than the logits' memory traffic: on a
+    2-core CPU, 768 rows of a 320-token head took 3.8 ms against 2.6 ms plain, while 2,048 rows
+    of an 8,256-token head took 338-349 ms against 389-411 ms."""
+    if mode == "plain" or compute_dtype(h) == torch.float16:
         return False
-    if mode == "fused":
-        return compute_dtype(h) != torch.float16
-    return fused_pays(h, weight)
+    return mode == "fused" or h.numel() // h.shape[-1] * weight.shape[0] >= FUSED_MIN_LOGITS
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

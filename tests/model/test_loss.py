@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import llmlab.model.loss as loss_mod
-from llmlab.model.loss import chunk_rows, fused_pays, linear_cross_entropy
+from llmlab.model.loss import chunk_rows, linear_cross_entropy, use_fused
 from llmlab.model.objective import IGNORE
 from llmlab.model.transformer import Transformer
 from tests.conftest import tiny_spec
@@ -87,10 +87,12 @@ def test_bf16_autocast_agrees_with_the_plain_autocast_path():
 def test_fused_only_where_it_pays(monkeypatch):
     h, w = torch.zeros(4, 8, 16), torch.zeros(100, 16)
     monkeypatch.setattr(loss_mod, "FUSED_MIN_LOGITS", 3200)
-    assert fused_pays(h, w)
-    assert not fused_pays(h[:3], w)  # 2,400 logits: the plain path
+    assert use_fused(h, w)
+    assert not use_fused(h[:3], w)  # 2,400 logits: the plain path
     with torch.autocast("cpu", dtype=torch.float16):
-        assert not fused_pays(h, w)  # fp16 needs the loss scaler on the logits' gradient
+        assert not use_fused(h, w)  # fp16 needs the loss scaler on the logits' gradient
+        assert not use_fused(h, w, "fused")
+    assert use_fused(h[:3], w, "fused") and not use_fused(h, w, "plain")
 
 
 @pytest.mark.parametrize("spec_kw", [{}, {"mtp_heads": 2}, {"objective": {"kind": "mlm"}}])
