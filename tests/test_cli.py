@@ -3,6 +3,7 @@ whole tokenize -> train -> sample -> eval run on a small corpus."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -315,15 +316,55 @@ def test_corrupt_weights_are_refused(trained):
 def test_multirun_sweep(trained):
     root, _ = trained
     r = run_cli("train", "-m", "optim.lr=1e-3,3e-3", "data=text", f"data.paths=[{root}/corpus/*]", *TINY,
-                "train.steps=2", "hydra.sweep.dir=outputs/sweep", cwd=root)
+                "train.steps=2", "hydra.sweep.dir=outputs/sweep", "hydra.callbacks.report.baseline=0.003", cwd=root)
     assert r.returncode == 0, r.stderr
-    runs = sorted(p.name for p in (root / "outputs" / "sweep").iterdir() if p.is_dir())
+    sweep = root / "outputs" / "sweep"
+    runs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert [r.split("_", 1)[0] for r in runs] == ["0", "1"]
     assert runs == ["0_optim.lr=0.001", "1_optim.lr=0.003"]  # named by what the sweep varies
     for d, lr in zip(runs, ("0.001", "0.003")):
-        assert f"optim.lr={lr}" in (root / "outputs" / "sweep" / d / ".hydra" / "overrides.yaml").read_text()
-        assert json.loads((root / "outputs" / "sweep" / d / "summary.json").read_text())["steps"] == 2
+        assert f"optim.lr={lr}" in (sweep / d / ".hydra" / "overrides.yaml").read_text()
+        assert json.loads((sweep / d / "summary.json").read_text())["steps"] == 2
     assert "[/" not in r.stderr  # user paths with brackets print as text
+    # the sweep compares its runs when it ends, against the baseline it was given
+    report = json.loads((sweep / "report.json").read_text())
+    assert [g["group"] for g in report["groups"]] == ["optim.lr=0.001", "optim.lr=0.003"]
+    assert report["baseline"] == "optim.lr=0.003" and "unfinished" not in report
+    (c,) = report["comparisons"]
+    summaries = [json.loads((sweep / d / "summary.json").read_text()) for d in runs]
+    assert c["group"] == "optim.lr=0.001" and c["pairs"] == 1
+    assert c["diff_mean"] == pytest.approx(summaries[0]["val_loss"] - summaries[1]["val_loss"])
+    assert (sweep / "report.md").is_file() and f"report: {Path('outputs') / 'sweep' / 'report.md'}" in r.stdout
+    # a baseline that names no group: the finished jobs are skipped, and one line says what is allowed
+    bad = run_cli("train", "-m", "optim.lr=1e-3,3e-3", "data=text", f"data.paths=[{root}/corpus/*]", *TINY,
+                  "train.steps=2", "hydra.sweep.dir=outputs/sweep", "hydra.callbacks.report.baseline=0.1", cwd=root)
+    assert bad.stdout.count("finished already") == 2
+    one_line_error(bad, 1, "baseline: '0.1' names no single group; allowed: 0: optim.lr=0.001, 1: optim.lr=0.003")
+
+
+def test_a_job_that_diverges_does_not_stop_its_sweep(trained):
+    """An lr sweep where one lr diverges: the other jobs still run, the report compares those
+    and lists the failed job, and the sweep exits 1 with one line saying so."""
+    root, _ = trained
+    r = run_cli("train", "-m", "optim.lr=1e30,1e-3,3e-3", "train.grad_clip=0", "data=text",
+                f"data.paths=[{root}/corpus/*]", *TINY, "train.steps=4", "train.eval_every=0",
+                "hydra.sweep.dir=outputs/diverge", cwd=root)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    sweep = root / "outputs" / "diverge"
+    failed = sweep / "0_optim.lr=1e+30" / "failed.txt"
+    assert failed.read_text().startswith("training diverged: the loss is nan")
+    assert "llmlab: error: job 0 (0_optim.lr=1e+30): training diverged" in r.stderr
+    assert not (failed.parent / "summary.json").exists()
+    for job in ("1_optim.lr=0.001", "2_optim.lr=0.003"):
+        assert json.loads((sweep / job / "summary.json").read_text())["steps"] == 4
+    report = json.loads((sweep / "report.json").read_text())
+    assert [g["group"] for g in report["groups"]] == ["optim.lr=0.001", "optim.lr=0.003"]
+    assert list(report["unfinished"]) == ["0_optim.lr=1e+30"]
+    assert "## Jobs that did not finish" in (sweep / "report.md").read_text()
+    assert r.stderr.strip().splitlines()[-1] == (
+        "llmlab: error: 1 of 3 jobs did not finish; running the same sweep command again retries them "
+        "and skips the finished ones")
 
 
 def test_mlm_checkpoint_is_refused_by_sample_and_scored_by_eval(trained):
@@ -365,7 +406,49 @@ def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, sig):
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert len(ckpts) == 1 and ckpts[0].startswith("step_")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["steps"] == int(ckpts[0].split("_")[1])
+    assert summary["interrupted"] is True and summary["stopped_by"] == sig
+    assert summary["steps"] == int(ckpts[0].split("_")[1])
+
+
+def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_path):
+    """^C in job 0 of a sweep: job 0 saves and the sweep ends there with status 0 (job 1 is not
+    started); the same command then resumes job 0, runs job 1 and writes the report."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, SAMPLE_TEXTS
+    (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
+    env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
+    # steps of a few ms, so that the signal lands well inside job 0
+    model = ["model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=64", "train.batch_size=8"]
+    cmd = [sys.executable, "-m", "llmlab", "train", "-m", "seed=0,1", "data=text", f"data.paths={tmp_path}/c.txt",
+           *model, *TINY[4:], "train.steps=300", "train.ckpt_every=0", "train.eval_every=0", "hydra.sweep.dir=sweep"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sweep" / "0_seed=0" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert "To continue, run the same sweep command" in out
+    assert "sweep stopped by SIGINT: the jobs after job 0 were not started" in out
+    first = json.loads((tmp_path / "sweep" / "0_seed=0" / "summary.json").read_text())
+    assert first["stopped_by"] == "SIGINT" and first["steps"] < 300
+    assert not (tmp_path / "sweep" / "1_seed=1").exists() and not (tmp_path / "sweep" / "report.json").exists()
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"at step {first['steps']}" in again.stdout  # job 0 resumed where it stopped
+    for job in ("0_seed=0", "1_seed=1"):
+        summary = json.loads((tmp_path / "sweep" / job / "summary.json").read_text())
+        assert summary["steps"] == 300 and summary["stopped_by"] is None
+    report = json.loads((tmp_path / "sweep" / "report.json").read_text())
+    assert [g["seeds"] for g in report["groups"]] == [2]
 
 
 def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):

@@ -51,7 +51,8 @@ def test_every_preset_trains_from_the_cli(tmp_path, preset):
 
 @pytest.mark.slow
 def test_a_real_sweep_of_two_variants_and_two_seeds_reports_itself(tmp_path):
-    """train -m over 2 attention kinds x 2 seeds, then llmlab report on the sweep directory."""
+    """train -m over 2 attention kinds x 2 seeds compares them when it ends; llmlab report on the
+    sweep directory then gives the same report."""
     from tests.conftest import SAMPLE_TEXTS
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(SAMPLE_TEXTS.values()) * 4)
@@ -60,9 +61,12 @@ def test_a_real_sweep_of_two_variants_and_two_seeds_reports_itself(tmp_path):
                 "train.steps=60", "train.eval_every=20", "train.eval_windows=4", "train.batch_size=8",
                 "hydra.sweep.dir=sweep", cwd=tmp_path, timeout=1800)
     assert r.returncode == 0, r.stderr
+    own = json.loads((tmp_path / "sweep" / "report.json").read_text())  # written when the sweep ended
+    assert own["baseline"] == "model/attention=mha" and "paired by seed against model/attention=mha" in r.stdout
     rep = run_cli("report", "sweep", "baseline=mha", "out=rep", cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report == own
     groups = {g["group"]: g for g in report["groups"]}
     assert set(groups) == {"model/attention=mha", "model/attention=mqa"}
     assert all(g["seeds"] == 2 and g["val_loss_ci95"] is not None for g in groups.values())

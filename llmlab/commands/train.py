@@ -1,4 +1,5 @@
-"""llmlab train: token shards -> model checkpoints, metrics, logs."""
+"""llmlab train: token shards -> model checkpoints, metrics, logs. Under -m, each job is one
+run of the sweep (llmlab.train.sweep)."""
 
 from pathlib import Path
 
@@ -13,8 +14,12 @@ def run(cfg: dict, run_dir: Path) -> None:
     from hydra.types import RunMode
 
     from llmlab.train.loop import run_training
+    from llmlab.train.sweep import run_job
     hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        run_training(cfg, run_dir)
+        return
     logger = cfg.get("logger") or {}
-    if hydra_cfg.mode == RunMode.MULTIRUN and "group" in logger and not logger["group"]:
+    if "group" in logger and not logger["group"]:
         logger["group"] = Path(hydra_cfg.sweep.dir).name  # one wandb group per sweep: curves overlay
-    run_training(cfg, run_dir)
+    run_job(cfg, run_dir, hydra_cfg.job.num)

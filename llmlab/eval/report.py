@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,7 @@ def read_run(path: Path) -> Run | None:
         summary = json.loads((path / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    overrides: list[str] = []
-    ov = path / ".hydra" / "overrides.yaml"
-    if ov.is_file():
-        from omegaconf import OmegaConf
-        overrides = [str(o) for o in OmegaConf.load(ov)]
+    overrides = read_overrides(path)
     seed = summary.get("seed")
     if seed is None:
         seed = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "seed"), None)
@@ -87,15 +84,32 @@ def read_run(path: Path) -> Run | None:
             if "val/loss" in rec and "train/tokens" in rec:
                 curve.append((float(rec["train/tokens"]), float(rec["val/loss"])))
     curve.sort()
-    return Run(path, summary, [o for o in overrides if not o.startswith("hydra")], seed, curve)
+    return Run(path, summary, overrides, seed, curve)
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
-    """Group by overrides minus seed; labels keep only the overrides that differ between groups."""
+def read_overrides(path: Path) -> list[str]:
+    """A run's command-line overrides (Hydra's record), without Hydra's own."""
+    ov = path / ".hydra" / "overrides.yaml"
+    if not ov.is_file():
+        return []
+    from omegaconf import OmegaConf
+    return [str(o) for o in OmegaConf.load(ov) if not str(o).startswith("hydra")]
+
+
+def natural_key(path: Path) -> list:
+    """Sweep jobs in job order: 2_... before 10_..."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def group_runs(runs: list[Run], others: list[list[str]] = ()) -> list[Group]:
+    """Group by overrides minus seed; labels keep only the overrides that differ between groups.
+    ``others``: the overrides of runs that did not finish (a sweep's failed jobs), which count
+    in what differs, so a group's label still says what sets it apart from them."""
     keys = {tuple(sorted(r.label_overrides)) for r in runs}
+    keys |= {tuple(sorted(o for o in ovs if o.split("=", 1)[0].lstrip("+~") != "seed")) for ovs in others}
     shared = set.intersection(*(set(k) for k in keys)) if keys else set()
     groups: dict[tuple, Group] = {}
-    for run in sorted(runs, key=lambda r: str(r.path)):
+    for run in sorted(runs, key=lambda r: natural_key(r.path)):
         key = tuple(sorted(r for r in run.label_overrides if r not in shared))
         if key not in groups:
             groups[key] = Group(" ".join(key) or ("all runs" if shared else "defaults"))
@@ -115,8 +129,8 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def build_report(runs: list[Run], baseline: str | int | None = None) -> dict:
-    groups = group_runs(runs)
+def build_report(runs: list[Run], baseline: str | int | None = None, others: list[list[str]] = ()) -> dict:
+    groups = group_runs(runs, others)
     base = pick_baseline(groups, baseline)
     ended = [r.curve[-1][0] for r in runs if r.curve]
     matched = min(ended) if ended and len(ended) == len(runs) else None
@@ -225,15 +239,22 @@ def markdown(report: dict, figure: str | None) -> str:
             f"Paired by seed; Δ < 0 means lower loss than the baseline. p-values need at least "
             f"{MIN_SEEDS_FOR_TESTS} seeds.", ""]
     out += table(COMPARE_COLUMNS, compare_rows(report)) if report["comparisons"] else ["(one group only)"]
+    if report.get("unfinished"):
+        out += ["", "## Jobs that did not finish", ""]
+        out += [f"- `{name}`: {why}" for name, why in report["unfinished"].items()]
     if figure:
         out += ["", f"![validation loss curves]({figure})"]
     return "\n".join(out) + "\n"
 
 
-def curves(runs: list[Run]) -> dict[str, dict]:
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def curves(runs: list[Run], others: list[list[str]] = ()) -> dict[str, dict]:
     """Per group: the mean val curve over seeds and its min-max band, on the tokens all its runs share."""
     out = {}
-    for g in group_runs(runs):
+    for g in group_runs(runs, others):
         with_curves = [r for r in g.runs if r.curve]
         if not with_curves:
             continue

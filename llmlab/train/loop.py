@@ -63,11 +63,12 @@ def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
                       + (f", at most {spec.attention.window} positions" if hasattr(spec.attention, "window") else ""))
 
 
-def run_training(cfg: Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
+def run_training(cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False) -> dict[str, Any]:
     """Train as ``cfg`` (a resolved plain dict of the whole ``train`` config) says; write
     metrics, checkpoints and ``summary.json`` into ``run_dir``; return the summary. Under
-    torchrun every rank calls this; rank 0's ``run_dir`` is the one used."""
-    trainer = Trainer(cfg, run_dir)
+    torchrun every rank calls this; rank 0's ``run_dir`` is the one used. ``in_sweep``: the
+    run is one job of a sweep, which changes only what a stopped run says to do next."""
+    trainer = Trainer(cfg, run_dir, in_sweep)
     try:
         return trainer.run()
     finally:
@@ -78,9 +79,10 @@ class Trainer:
     """One training run: built in ``__init__`` (data, model, optimizer, resume state), then
     ``run`` steps it to the end or to a budget and writes the summary."""
 
-    def __init__(self, cfg: Mapping[str, Any], run_dir: str | Path):
+    def __init__(self, cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False):
         self.t_begin = time.perf_counter()  # wall time includes data preparation and model build
         self.cfg = cfg
+        self.in_sweep = in_sweep
         self.job = job = check_train_config(cfg)
         self.loop = loop = job.loop
         self.dist, self.device = init_distributed(resolve_device(job.device), loop.fsdp)
@@ -359,13 +361,14 @@ class Trainer:
                     t_window += time.perf_counter() - t_ckpt
                 progress.update(task, completed=done)
                 if stop.requested:
-                    same = ("the same command without train.max_steps" if stop.requested.startswith("train.max_steps")
-                            else "the same command")
-                    progress.console.print(
-                        f"stopped by {stop.requested} after step {done}; checkpoint {ckpt_path}. To continue, run "
-                        f"{same} with hydra.run.dir={self.run_dir} (or train.resume={ckpt_path})", style="yellow")
+                    same = "the same " + ("sweep command" if self.in_sweep else "command") + (
+                        " without train.max_steps" if stop.requested.startswith("train.max_steps") else "")
+                    where = ("; finished jobs are skipped" if self.in_sweep
+                             else f" with hydra.run.dir={self.run_dir} (or train.resume={ckpt_path})")
+                    progress.console.print(f"stopped by {stop.requested} after step {done}; checkpoint {ckpt_path}. "
+                                           f"To continue, run {same}{where}", style="yellow")
                     break
-        return self._finish(done, history, tok_rates, t_start, ckpt_path, bool(stop.requested))
+        return self._finish(done, history, tok_rates, t_start, ckpt_path, stop.requested)
 
     def _step(self, loss_acc: torch.Tensor, extra_acc: dict) -> torch.Tensor:
         """Forward and backward over ``grad_accum`` micro-batches; gradients are all-reduced
@@ -410,7 +413,7 @@ class Trainer:
         return grad_norm
 
     def _finish(self, done: int, history: list[dict], tok_rates: list[float], t_start: float,
-                ckpt_path: Path | None, interrupted: bool) -> dict[str, Any]:
+                ckpt_path: Path | None, stopped_by: str | None) -> dict[str, Any]:
         elapsed = time.perf_counter() - t_start
         last_val, card = self.last_val, self.card
         train_losses = [h["train/loss"] for h in history if "train/loss" in h]
@@ -428,7 +431,8 @@ class Trainer:
             "objective": self.spec.objective.kind,
             "best_checkpoint": str(best_checkpoint(self.run_dir / "checkpoints") or ckpt_path),
             "best_val_loss": min(val_losses + ([last_val["val/loss"]] if "val/loss" in last_val else []), default=None),
-            "interrupted": interrupted,
+            "interrupted": stopped_by is not None,
+            "stopped_by": stopped_by,  # SIGINT, SIGTERM, another rank, train.max_steps=N or train.max_time=Ns
             "tokens_per_s": rate,
             "tokens_per_s_mean": statistics.fmean(tok_rates) if tok_rates else None,
             "mfu": card["flops_per_token"] * rate / self.peak,
@@ -469,6 +473,12 @@ def finished_summary(run_dir: Path, rid: str) -> dict | None:
     if summary.get("run_id") == rid and not summary.get("interrupted"):
         return summary
     return None
+
+
+def stopped_by_signal(summary: dict) -> bool:
+    """Whether a run stopped early because it was asked to (SIGINT, SIGTERM), not at a budget."""
+    reason = summary.get("stopped_by")
+    return bool(reason) and not reason.startswith("train.")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

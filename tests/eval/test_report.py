@@ -95,3 +95,32 @@ def test_report_command_on_a_sweep_directory(sweep, tmp_path):
     missing = run_cli("report", "no/such/dir", cwd=tmp_path)
     assert missing.returncode == 1 and "runs: no/such/dir does not exist" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_groups_follow_job_order_and_labels_count_the_jobs_that_failed(tmp_path):
+    """Sweep jobs 0..11: groups come in job order (job 10 after job 2), and a group that is the
+    only one left standing is still labelled by what sets it apart from the failed jobs."""
+    root = tmp_path / "sweep"
+    kinds = ["mha", "mqa", "gqa", "mla", "swa", "mha2"]
+    for i in range(12):
+        fake_run(root, f"{i}_x", kinds[i // 2], i % 2, 3.0 + i / 100)
+    assert [g["group"].split("=")[1] for g in build_report(find_runs([root]))["groups"]] == kinds
+
+    lone = tmp_path / "lone"
+    fake_run(lone, "1_ok", "mqa", 0, 3.0)
+    failed = lone / "0_failed" / ".hydra"
+    failed.mkdir(parents=True)
+    (failed / "overrides.yaml").write_text("- model/attention=mha\n- seed=0\n- train.steps=30\n")
+    runs = find_runs([lone])
+    assert [g["group"] for g in build_report(runs)["groups"]] == ["all runs"]
+    others = [["model/attention=mha", "seed=0", "train.steps=30"]]
+    assert [g["group"] for g in build_report(runs, others=others)["groups"]] == ["model/attention=mqa"]
+    assert list(curves(runs, others)) == ["model/attention=mqa"]
+
+
+def test_piped_tables_are_printed_whole(sweep, tmp_path):
+    """Out of a terminal (a log file, a pipe) the tables are not cut to 80 columns."""
+    r = run_cli("report", str(sweep), "out=rep", cwd=tmp_path, env={"COLUMNS": "60"})
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if "model/attention=mqa" in line and "3.2167" in line)
+    assert "3.2167 ± " in row and "…" not in r.stdout
