@@ -272,8 +272,10 @@ class Trainer:
             self.logger.start(self.run_dir, {**self.cfg, "model_card": self.card, "run_id": self.run_id,
                                              "world_size": dist.world_size})
         card, steps = self.card, self.steps
+        # a log file gets a line per log step instead of a live bar (whose last frame rich would cut to 80 columns)
         progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                            TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out)
+                            TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out,
+                            disable=not console.out.is_terminal)
         history: list[dict[str, float]] = list(self.previous)
         tok_rates: list[float] = [h["perf/tokens_per_s"] for h in self.previous
                                   if "perf/tokens_per_s" in h and h["step"] > loop.log_every]
