@@ -160,6 +160,11 @@ def _explain(err: Exception, overrides: list[str], compose) -> str:
             where = f"under '{parent}'" if parent else "at the top level"
             return f"{key}: unknown key; allowed {where}: {', '.join(map(str, node.keys()))}"
         return f"{key}: unknown key ({msg.splitlines()[0]})"
+    cause = err.__cause__
+    if msg.startswith("Error merging override") and cause is not None and str(cause).strip():
+        # "Error merging override hydra.job.chdir=maybe" says where; its cause says what is wrong
+        key = re.search(r"full_key: (\S+)", str(cause))
+        return f"{key.group(1) + ': ' if key else ''}{str(cause).strip().splitlines()[0]}"
     return msg.strip().splitlines()[0]
 
 
@@ -191,6 +196,42 @@ def preflight(command: str, args: list[str]) -> None:
                 fail(str(e), 2)
             except (HydraException, OmegaConfBaseException) as e:
                 fail(_explain(e, combo, compose_with), 2)
+
+        # Hydra's own settings (hydra.callbacks.report.baseline=..., hydra/launcher=joblib, ...):
+        # composed once with the first combination, so a misspelt one is one line too
+        extra = hydra_overrides(args)
+        if extra:
+            def compose_all(ovs):
+                return compose(config_name=command, overrides=ovs, return_hydra_config=True)
+
+            overrides = (combos[0] if combos else []) + extra
+            try:
+                compose_all(overrides)
+            except (HydraException, OmegaConfBaseException) as e:
+                fail(_explain(e, overrides, compose_all), 2)
+
+
+def hydra_overrides(args: list[str]) -> list[str]:
+    """The overrides of Hydra's own config among ``args`` (sweeps of them left to Hydra)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in _VALUE_FLAGS or (a == "--info" and i + 1 < len(args) and args[i + 1] in _INFO_VALUES):
+            i += 2
+            continue
+        key = a.lstrip("+~").split("=")[0]
+        if not a.startswith("-") and (key == "hydra" or key.startswith(("hydra.", "hydra/"))):
+            try:
+                if OverridesParser.create().parse_override(a).is_sweep_override():
+                    i += 1
+                    continue
+            except Exception:
+                pass  # Hydra reports what it cannot parse
+            found.append(a)
+        i += 1
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -72,6 +72,11 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     (["sample", "pack_weights=fast"], ["pack_weights: must be one of auto, true, false; got 'fast'"]),
     (["sample", "draft=d", "spec.draft_vocab=0"], ["spec.draft_vocab: must be an integer >= 1, or null", "got 0"]),
     (["sample", "spec.draft_vocab=64"], ["spec.draft_vocab:", "pass draft=<ckpt>"]),
+    # Hydra's own settings are checked too
+    (["train", "-m", "seed=0,1", "hydra.callbacks.report.baselin=x"],
+     ["hydra.callbacks.report.baselin: unknown key", "_target_, baseline"]),
+    (["train", "hydra.job.chdir=maybe"], ["hydra.job.chdir: Value 'maybe' is not a valid bool"]),
+    (["train", "-m", "seed=0,1", "hydra/launcher=parallel"], ["hydra/launcher=parallel: unknown option", "basic"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
     one_line_error(run_cli(*args, cwd=tmp_path), 2, *fragments)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmlab.cli import expand_sweeps, quote_free_text, split_args
+from llmlab.cli import expand_sweeps, hydra_overrides, quote_free_text, split_args
 
 
 @pytest.mark.parametrize("value", ["def fib(", "it's", "x = [1, 2]", "a\\nb", "end\\", "q\\'x", "plain"])
@@ -21,6 +21,12 @@ def test_split_args_skips_hydra_flags_and_keys():
     overrides, check = split_args(["-m", "--cfg", "job", "a=1", "hydra.run.dir=x", "b=2", "--info", "defaults"])
     assert overrides == ["a=1", "b=2"] and check
     assert split_args(["--help"])[1] is False
+
+
+def test_hydra_overrides_are_picked_out_for_their_own_check():
+    args = ["-m", "--cfg", "job", "a=1", "hydra.run.dir=x", "hydra/launcher=joblib", "+hydra.x=1",
+            "hydra.launcher.n_jobs=2,4", "--info", "defaults", "hydra.verbose=true"]
+    assert hydra_overrides(args) == ["hydra.run.dir=x", "hydra/launcher=joblib", "+hydra.x=1", "hydra.verbose=true"]
 
 
 def test_sweep_dir_names_are_short_and_path_safe():
