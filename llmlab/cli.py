@@ -68,13 +68,11 @@ def guarded(fn: Callable) -> Callable:
     return wrapper
 
 
-def split_args(args: list[str]) -> tuple[list[str], bool]:
-    """The key=value overrides among Hydra's arguments, and whether they should be checked."""
-    overrides, check, i = [], True, 0
+def _override_args(args: list[str]) -> list[str]:
+    """Hydra's positional arguments (the overrides): not flags, nor the values flags take."""
+    found, i = [], 0
     while i < len(args):
         a = args[i]
-        if a in _NO_CHECK_FLAGS or a.split("=")[0] in _NO_CHECK_FLAGS:
-            check = False
         if a in _VALUE_FLAGS:
             i += 2
             continue
@@ -82,11 +80,21 @@ def split_args(args: list[str]) -> tuple[list[str], bool]:
             i += 2 if i + 1 < len(args) and args[i + 1] in _INFO_VALUES else 1
             continue
         if not a.startswith("-"):
-            key = a.lstrip("+~").split("=")[0]
-            if not (key == "hydra" or key.startswith(("hydra.", "hydra/"))):
-                overrides.append(a)
+            found.append(a)
         i += 1
-    return overrides, check
+    return found
+
+
+def _is_hydra_key(arg: str) -> bool:
+    key = arg.lstrip("+~").split("=")[0]
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def split_args(args: list[str]) -> tuple[list[str], bool]:
+    """The key=value overrides among Hydra's arguments (Hydra's own settings left out), and
+    whether they should be checked."""
+    check = not any(a in _NO_CHECK_FLAGS or a.split("=")[0] in _NO_CHECK_FLAGS for a in args)
+    return [a for a in _override_args(args) if not _is_hydra_key(a)], check
 
 
 def quote_free_text(arg: str) -> str:
@@ -215,23 +223,13 @@ def hydra_overrides(args: list[str]) -> list[str]:
     """The overrides of Hydra's own config among ``args`` (sweeps of them left to Hydra)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    found, i = [], 0
-    while i < len(args):
-        a = args[i]
-        if a in _VALUE_FLAGS or (a == "--info" and i + 1 < len(args) and args[i + 1] in _INFO_VALUES):
-            i += 2
-            continue
-        key = a.lstrip("+~").split("=")[0]
-        if not a.startswith("-") and (key == "hydra" or key.startswith(("hydra.", "hydra/"))):
-            try:
-                if OverridesParser.create().parse_override(a).is_sweep_override():
-                    i += 1
-                    continue
-            except Exception:
-                pass  # Hydra reports what it cannot parse
-            found.append(a)
-        i += 1
-    return found
+    def sweep(arg: str) -> bool:
+        try:
+            return OverridesParser.create().parse_override(arg).is_sweep_override()
+        except Exception:
+            return False  # Hydra reports what it cannot parse
+
+    return [a for a in _override_args(args) if _is_hydra_key(a) and not sweep(a)]
 
 
 def main(argv: list[str] | None = None) -> None:

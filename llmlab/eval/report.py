@@ -263,3 +263,56 @@ def curves(runs: list[Run], others: list[list[str]] = ()) -> dict[str, dict]:
         ys = np.array([[math.nan if (y := interpolate(r.curve, x)) is None else y for x in xs] for r in with_curves])
         out[g.label] = {"x": xs, "mean": np.nanmean(ys, 0), "lo": np.nanmin(ys, 0), "hi": np.nanmax(ys, 0)}
     return out
+
+
+# -- writing and printing ------------------------------------------------------------------
+
+WIDE = 240  # columns for tables printed into a log file or a pipe
+
+
+def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[Path, str] | None = None) -> dict:
+    """Find the finished runs under ``dirs``, write report.md, report.json and report.png to
+    ``out``, print the tables; return the report. ``llmlab report`` and the end of a train
+    sweep both come here; a sweep passes its jobs that did not finish (directory -> why),
+    which the files list after the tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from llmlab import console
+    from llmlab.eval.plots import curves_plot
+
+    runs = find_runs(dirs)
+    others = [read_overrides(path) for path in unfinished or {}]
+    result = build_report(runs, baseline, others)
+    if unfinished:
+        result["unfinished"] = {path.name: why for path, why in unfinished.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    figure = None
+    per_group = curves(runs, others)
+    if per_group:
+        curves_plot(per_group, out / "report.png", "training tokens", "validation loss",
+                    "validation loss: mean over seeds, band = min..max")
+        figure = "report.png"
+    (out / "report.md").write_text(markdown(result, figure))
+    (out / "report.json").write_text(json.dumps(result, indent=2))
+
+    matched = "n/a" if result["matched_tokens"] is None else f"{result['matched_tokens']:,.0f}"
+    # a terminal folds the tables to fit; a log file gets them whole (rich would assume 80 columns)
+    show = console.out if console.out.is_terminal else Console(width=WIDE, highlight=False, markup=False,
+                                                               quiet=console.out.quiet)
+
+    def table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> Table:
+        t = Table(title=title, title_justify="left")
+        for col in columns:
+            t.add_column(col, justify="left" if col == "group" else "right", overflow="fold",
+                         **({"min_width": 20} if col == "group" else {}))
+        for row in rows:
+            t.add_row(*row)
+        return t
+
+    show.print(table(f"{plural(len(runs), 'run')} in {plural(len(result['groups']), 'group')} "
+                     f"(val loss: mean ± 95% CI over seeds; matched tokens {matched})", COLUMNS, table_rows(result)))
+    if result["comparisons"]:
+        show.print(table(f"paired by seed against {result['baseline']}", COMPARE_COLUMNS, compare_rows(result)))
+    console.out.print(f"report: {out / 'report.md'}" + (f", {out / 'report.png'}" if figure else ""))
+    return result

@@ -58,9 +58,8 @@ class SweepReport(Callback):
             return
         from llmlab import console
         from llmlab.cli import fail
-        from llmlab.commands.report import write_report
         from llmlab.errors import UserError
-        from llmlab.eval.report import natural_key
+        from llmlab.eval.report import natural_key, write_report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         jobs = sorted((p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()), key=natural_key)
