@@ -321,8 +321,7 @@ def name_train_sweep_by_its_overrides(args: list[str]) -> list[str]:
         return args
     import hashlib
 
-    overrides, _ = split_args(args)
-    overrides = [o for o in overrides if not o.startswith("hydra.")]
+    overrides, _ = split_args(args)  # without Hydra's own: hydra.callbacks.report.baseline=... keeps the directory
     digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:6]
     # quoted: the slug keeps '=' and ',', which Hydra's override grammar reads as syntax
     return add_overrides(args, [f"hydra.sweep.dir='outputs/train-sweep/{path_slug('_'.join(overrides), 80)}-{digest}'"])

@@ -35,7 +35,12 @@ class Run:
 
     @property
     def label_overrides(self) -> list[str]:
-        return [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") != "seed"]
+        return without_seed(self.overrides)
+
+
+def without_seed(overrides: list[str]) -> list[str]:
+    """Overrides that set a group apart: all but ``seed``."""
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "seed"]
 
 
 @dataclass
@@ -106,7 +111,7 @@ def group_runs(runs: list[Run], others: list[list[str]] = ()) -> list[Group]:
     ``others``: the overrides of runs that did not finish (a sweep's failed jobs), which count
     in what differs, so a group's label still says what sets it apart from them."""
     keys = {tuple(sorted(r.label_overrides)) for r in runs}
-    keys |= {tuple(sorted(o for o in ovs if o.split("=", 1)[0].lstrip("+~") != "seed")) for ovs in others}
+    keys |= {tuple(sorted(without_seed(ovs))) for ovs in others}
     shared = set.intersection(*(set(k) for k in keys)) if keys else set()
     groups: dict[tuple, Group] = {}
     for run in sorted(runs, key=lambda r: natural_key(r.path)):
