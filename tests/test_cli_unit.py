@@ -52,14 +52,15 @@ def test_ckpt_latest_finds_the_newest_checkpoint(tmp_path, monkeypatch):
     import time
 
     from llmlab.errors import UserError
-    from llmlab.train.checkpoint import resolve_checkpoint
+    from llmlab.train.checkpoint import REQUIRED, resolve_checkpoint
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match="no checkpoints under"):
         resolve_checkpoint("latest")
     for i, run in enumerate(["outputs/train/a", "outputs/train-sweep/b/0"]):
         ckpt = tmp_path / run / "checkpoints" / "step_000010"
         ckpt.mkdir(parents=True)
-        (ckpt / "model.safetensors").write_bytes(b"x")
+        for name in REQUIRED:  # complete, as far as listing goes
+            (ckpt / name).write_bytes(b"x")
         os.utime(ckpt / "model.safetensors", (time.time() + i, time.time() + i))
     assert resolve_checkpoint("latest") == tmp_path / "outputs/train-sweep/b/0/checkpoints/step_000010"
 

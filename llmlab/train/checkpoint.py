@@ -26,13 +26,17 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
+import yaml
 from omegaconf import OmegaConf
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
+from llmlab.files import TMP, clean_stale, disk_error, owned_name, owned_tmp_dir
 
 REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
+MANIFEST = "manifest.json"
+OLD = ".old-"
 TOKEN_COUNTS = "token_counts.safetensors"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -59,14 +63,21 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
                     keep: int | None = None, token_counts: np.ndarray | torch.Tensor | None = None) -> Path:
     """Write one checkpoint directory atomically. ``model`` is a module, or its weights
     already gathered (each tied tensor once). ``token_counts``: (vocab,) occurrences of each
-    token id in the training data, kept beside the weights."""
+    token id in the training data, kept beside the weights.
+
+    The files go to a temporary directory; ``manifest.json`` (every file and its size) is
+    written last, and the directory is renamed into place. A re-save of a step that exists
+    moves the old copy aside before the rename and deletes it after, so at every instant a
+    complete copy exists under a name `recover_checkpoints` knows. The caller is the run
+    directory's one writer (`llmlab.files.RunLock`)."""
     ckpt_root = Path(ckpt_root)
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    for stale in ckpt_root.glob(".tmp-step_*"):  # left by a save that was killed; one writer per run
-        shutil.rmtree(stale, ignore_errors=True)
-    final = ckpt_root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
+    clean_stale(ckpt_root)  # left by a writer that died
+    name = f"step_{step:06d}"
+    final = ckpt_root / name
+    tmp = None
     try:
+        tmp = owned_tmp_dir(ckpt_root, name)
         weights = (unique_state_dict(model) if isinstance(model, torch.nn.Module)
                    else {k: v.detach().cpu().contiguous() for k, v in model.items()})
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -79,14 +90,28 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         if token_counts is not None:
             save_file({"counts": torch.as_tensor(token_counts, dtype=torch.int64).contiguous()}, str(tmp / TOKEN_COUNTS))
+        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+        (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": step, "files": files}, indent=2))
         for f in tmp.iterdir():  # durable before it becomes visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        if final.exists():  # a re-save of the same step replaces the old one
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if final.exists():  # a re-save of the same step: the old copy stays until the new one is in
+            old = ckpt_root / (owned_name(name, OLD) + "replaced")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(ckpt_root)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception):
+            last = list_checkpoints(ckpt_root)
+            problem = disk_error(e, f"checkpoint {final}",
+                                 f"the last complete checkpoint is {last[-1] if last else 'none'}")
+            if problem is not None:
+                raise problem from e
         raise
     if keep:
         found = list_checkpoints(ckpt_root)
@@ -95,6 +120,72 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
             if old != best:  # the last `keep` and the best by validation loss stay
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not possible on every platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def completeness(path: Path) -> str | None:
+    """None when ``path`` is a complete checkpoint, else what is wrong. Complete means: the
+    manifest, written last, lists files that are all there at their recorded sizes.
+    Checkpoints from before manifests count when every required file is there."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        missing = [f for f in REQUIRED if not (path / f).is_file()]
+        return f"no manifest.json, and missing {', '.join(missing)}" if missing else None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        files = {str(k): int(v) for k, v in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "its manifest.json is unreadable"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"missing {name}"
+        if f.stat().st_size != size:
+            return f"{name} is truncated or corrupt: {f.stat().st_size:,} bytes, not the {size:,} its manifest records"
+    missing = [f for f in REQUIRED if f not in files]
+    return f"its manifest lacks {', '.join(missing)}" if missing else None
+
+
+def recover_checkpoints(ckpt_root: Path) -> list[str]:
+    """Called by the run directory's one writer before it trains: finish what a killed save
+    left half done. A complete copy under a temporary name (``.tmp-``: written, not yet
+    renamed; ``.old-``: moved aside for a re-save) takes the place of a missing or incomplete
+    ``step_N``; the rest of the leftovers go. Returns what it did, for the log."""
+    ckpt_root = Path(ckpt_root)
+    if not ckpt_root.is_dir():
+        return []
+    done = []
+    leftovers = sorted((p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith((TMP, OLD))),
+                       key=lambda p: (not p.name.startswith(TMP), -p.stat().st_mtime))  # the newer copy first
+    for p in leftovers:
+        m = re.search(r"(step_\d+)", p.name)
+        if m and completeness(p) is None:
+            target = ckpt_root / m.group(1)
+            if not target.exists() or completeness(target) is not None:
+                if target.exists():
+                    shutil.rmtree(target)
+                os.rename(p, target)
+                done.append(f"restored {target.name} from {p.name}")
+    for p in ckpt_root.iterdir():
+        if p.is_dir() and p.name.startswith((TMP, OLD)):
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"removed the leftover {p.name}")
+    if done:
+        _fsync_dir(ckpt_root)
+    return done
 
 
 def best_checkpoint(ckpt_root: Path) -> Path | None:
@@ -115,7 +206,7 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     if not Path(ckpt_root).is_dir():
         return []
     found = [(int(m.group(1)), p) for p in Path(ckpt_root).iterdir()
-             if p.is_dir() and (m := STEP_DIR.match(p.name)) and (p / "model.safetensors").exists()]
+             if p.is_dir() and (m := STEP_DIR.match(p.name)) and completeness(p) is None]
     return [p for _, p in sorted(found)]
 
 
@@ -128,7 +219,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         raise UserError(f"ckpt: {p} does not exist")
-    if (p / "model.safetensors").exists() or (p / "model.json").exists():
+    if any((p / f).exists() for f in (MANIFEST, "model.safetensors", "model.json")):
         return p
     for root in (p / "checkpoints", p):
         found = list_checkpoints(root)
@@ -145,7 +236,7 @@ def latest_in_run(run_dir: Path) -> Path | None:
 
 def latest_run_checkpoint(outputs: Path) -> Path:
     """``ckpt=latest``: the newest checkpoint of any run under ``outputs/`` (sweeps included)."""
-    found = [c for c in Path(outputs).glob("**/checkpoints/step_*") if (c / "model.safetensors").is_file()]
+    found = [c for c in Path(outputs).glob("**/checkpoints/step_*") if completeness(c) is None]
     if not found:
         raise UserError(f"ckpt=latest: no checkpoints under {Path(outputs).resolve()}; train first (llmlab train)")
     return max(found, key=lambda c: (c / "model.safetensors").stat().st_mtime).resolve()
@@ -190,24 +281,39 @@ class Checkpoint:
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     p = resolve_checkpoint(path)
-    missing = [f for f in REQUIRED if not (p / f).is_file()]
-    if missing:
-        raise UserError(f"ckpt: {p} is not a complete checkpoint; missing {', '.join(missing)}")
+    problem = completeness(p)
+    if problem is not None:
+        raise UserError(f"ckpt: {p} is not a complete checkpoint ({problem})")
     try:
         weights = load_file(str(p / "model.safetensors"))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"ckpt: {p / 'model.safetensors'} is truncated or corrupt ({str(e).splitlines()[0]})") from e
     try:
-        spec = json.loads((p / "model.json").read_text())
-        state = json.loads((p / "state.json").read_text())
-        config = OmegaConf.to_container(OmegaConf.load(p / "config.yaml"), resolve=False)
+        spec = _json_object(p / "model.json")
+        state = _json_object(p / "state.json")
+        # plain YAML: an interpolation or tag in a downloaded config stays literal text
+        config = yaml.safe_load((p / "config.yaml").read_text()) or {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{p / 'config.yaml'} holds a {type(config).__name__}, not a mapping")
+    except UserError:
+        raise
     except Exception as e:
-        raise UserError(f"ckpt: {p} has an unreadable metadata file ({type(e).__name__}: {e})") from e
+        raise UserError(f"ckpt: {p} has an unreadable metadata file ({type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0]})") from e
     return Checkpoint(p, spec, state, config, weights)
 
 
-def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
-    """Copy ``weights`` into ``model`` only after every name and shape has been checked."""
+def _json_object(path: Path) -> dict:
+    value = json.loads(path.read_text())
+    if not isinstance(value, dict):
+        raise UserError(f"ckpt: {path} holds a JSON {type(value).__name__}, not an object; the checkpoint is damaged")
+    return value
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path,
+                 built_from: str = "its model.json") -> None:
+    """Copy ``weights`` into ``model`` only after every name and shape has been checked.
+    ``built_from``: what the model was built from, for the message when they disagree."""
     expected = model.state_dict()
     # a tied tensor is stored once, under one of its names
     stored = {expected[k].data_ptr() for k in weights if k in expected}
@@ -217,7 +323,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where
     if missing or unexpected or wrong:
         detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
                   else f"shape mismatch {wrong[:3]}")
-        raise UserError(f"ckpt: {where} does not match its model.json ({detail})")
+        raise UserError(f"ckpt: {where} does not match {built_from} ({detail})")
     model.load_state_dict(weights, strict=False)
 
 
@@ -232,4 +338,12 @@ def build_model(ckpt: Checkpoint, device: torch.device):
         raise UserError(f"ckpt: {ckpt.path / 'model.json'} does not describe a model this llmlab can build ({e})") from e
     model = Transformer(spec)
     load_weights(model, ckpt.weights, ckpt.path)
+    check_vocab(ckpt.tokenizer().vocab_size, spec.vocab_size, ckpt.path)
     return model.to(device).eval()
+
+
+def check_vocab(tokenizer_vocab: int, model_vocab: int, where: Path) -> None:
+    """A tokenizer with ids past the model's embedding table would index out of it."""
+    if tokenizer_vocab > model_vocab:
+        raise UserError(f"ckpt: {where}: its tokenizer.json has {tokenizer_vocab:,} ids but the model embeds only "
+                        f"{model_vocab:,}; the tokenizer belongs to another model")

@@ -23,8 +23,9 @@ from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, decode_speed, generate
+from llmlab.files import RunLock, atomic_write_text, disk_error
 from llmlab.train.checkpoint import (Checkpoint, best_checkpoint, latest_in_run, load_checkpoint, load_weights,
-                                     save_checkpoint, unique_names)
+                                     recover_checkpoints, save_checkpoint, unique_names)
 from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
 from llmlab.train.distill import Distiller
 from llmlab.train.distributed import (any_rank, barrier, broadcast, full_model_state, full_optimizer_state, gather,
@@ -90,8 +91,16 @@ class Trainer:
         self._quiet_before = console.out.quiet
         console.out.quiet = console.out.quiet or not dist.is_main  # one rank speaks
         self.run_dir = Path(broadcast(str(run_dir), dist))
+        self.lock = None
         if dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise disk_error(e, f"the run directory {self.run_dir}") or e
+            self.lock = RunLock(self.run_dir).acquire()  # one trainer per run directory
+            for line in recover_checkpoints(self.run_dir / "checkpoints"):
+                console.out.print(f"checkpoints: {line} (left by a run that was killed)", style="yellow")
+        barrier(dist)  # the other ranks look at the checkpoints only once rank 0 has recovered them
         self.run_id = run_id(cfg)
         self.precision = resolve_precision(job.precision, device)
         self.finished = finished_summary(self.run_dir, self.run_id) if loop.resume == "auto" else None
@@ -121,7 +130,9 @@ class Trainer:
         self.weight_names = unique_names(model)
         self.ckpt = self._resume_checkpoint()
         if self.ckpt is not None:  # weights go in before FSDP shards them
-            load_weights(model, self.ckpt.weights, self.ckpt.path)
+            self._check_same_tokenizer(self.ckpt)
+            load_weights(model, self.ckpt.weights, self.ckpt.path,
+                         "this run's model settings (model.*, attention.*, norm.*, pos.*, objective.*)")
         self.wrapped = wrap_model(model, dist, device, find_unused=spec.model.ffn == "moe")
         self.step_model = torch.compile(self.wrapped) if loop.compile else self.wrapped
         self.optimizer = build_optimizer(job.optim, model, device)
@@ -143,9 +154,12 @@ class Trainer:
         self.peak = peak * dist.world_size  # MFU of the whole job
         self.start_step, self.tokens_seen, self.last_val = 0, 0, {}
         self.previous: list[dict] = []  # metrics.jsonl records of the steps before a resume
+        self.window: dict = {}  # the logging interval a checkpoint cut in two: losses summed so far
         self.warned_peak = False
         if self.ckpt is not None:
             self._restore(self.ckpt)
+        elif dist.is_main:  # records of an earlier start that saved no checkpoint are redone
+            JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", 0)
         self.tokenizer = prepared.tokenizer()
         self.bytes_per_token_val = prepared.bytes_per_token("val")
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
@@ -177,10 +191,28 @@ class Trainer:
                 "or train.resume=null to start over in this directory")
         return ckpt
 
+    def _check_same_tokenizer(self, ckpt: Checkpoint) -> None:
+        from llmlab.data.tokenizer import TextTokenizer
+
+        ours = TextTokenizer.load(self.prepared.path / "tokenizer.json", eos=None).tok.get_vocab()
+        theirs = TextTokenizer.load(ckpt.tokenizer_path, eos=None).tok.get_vocab()
+        if ours != theirs:
+            raise ConfigError(f"tokenizer: this run's tokenizer ({len(ours):,} tokens) is not the one {ckpt.path} was "
+                              f"trained with ({len(theirs):,} tokens); resume with that run's tokenizer and data "
+                              "settings, or start fresh with train.resume=null")
+
     def _restore(self, ckpt: Checkpoint) -> None:
         """Everything that decides the next step: optimizer, RNGs, data position."""
         rank = self.dist.rank
-        trainer = ckpt.trainer_state() or {}
+        trainer = ckpt.trainer_state()
+        if trainer is None:
+            if not self.loop.resume_weights_only:
+                raise UserError(f"train.resume: {ckpt.path} has no trainer.pt (optimizer and random state), so the run "
+                                "cannot continue its curve; pass train.resume_weights_only=true to continue from its "
+                                "weights with a fresh optimizer, or train.resume=null to start over")
+            console.out.print(f"resuming from the weights of {ckpt.path} alone: fresh optimizer and random state, so "
+                              "the curve differs from an uninterrupted run", style="yellow")
+            trainer = {}
         if "optimizer" in trainer:
             load_optimizer_state(self.model, self.optimizer, trainer["optimizer"])
         if "scaler" in trainer and self.scaler.is_enabled():
@@ -196,14 +228,17 @@ class Trainer:
         self.sampler.load_state(ckpt.state["data_rng"])
         self.start_step, self.tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
         self.last_val = ckpt.state.get("val") or {}
+        self.window = ckpt.state.get("log_window") or {}
         if self.dist.is_main:  # the summary covers the steps before the resume too
             self.previous = JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", self.start_step)
         console.out.print(f"resumed from {ckpt.path} at step {self.start_step}")
 
     # ---- checkpoints, eval ----------------------------------------------------------------
 
-    def save(self, step: int) -> Path | None:
-        """Every rank calls this (FSDP gathers its shards); rank 0 writes, the others wait."""
+    def save(self, step: int, window: dict | None = None) -> Path | None:
+        """Every rank calls this (FSDP gathers its shards); rank 0 writes, the others wait.
+        ``window``: the logging interval so far (losses summed over ranks' mean, micro-batches),
+        so a resumed run logs the same interval average as an uninterrupted one."""
         dist = self.dist
         full = full_model_state(self.model, dist)
         optim_state = full_optimizer_state(self.model, self.optimizer, dist)
@@ -225,7 +260,8 @@ class Trainer:
                 state={"tokens_seen": self.tokens_seen, "val": self.last_val, "run_id": self.run_id,
                        "world_size": dist.world_size, "data_rng": self.sampler.state(),
                        "data_key": prepared.meta["key"], "eos": prepared.meta["eos"],
-                       "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
+                       "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")},
+                       "log_window": window or {}},
                 trainer_state=trainer, keep=self.loop.keep_checkpoints, token_counts=self.token_counts())
         barrier(dist)
         return broadcast(path, dist)
@@ -286,8 +322,11 @@ class Trainer:
         self.model.train()
         with progress, stop:
             task = progress.add_task("train", total=steps, status="", completed=done)
-            t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
-            extra_acc: dict[str, torch.Tensor] = {}
+            # a resume in mid-interval carries on the interval's sums, so its average covers it all
+            t_window, n_timed = time.perf_counter(), 0
+            loss_acc = torch.tensor(float(self.window.get("loss", 0.0)), device=device)
+            n_acc = int(self.window.get("micro", 0))
+            extra_acc: dict[str, Any] = {k: float(v) for k, v in (self.window.get("extra") or {}).items()}
             for step in range(self.start_step, steps):
                 multiplier = self.schedule(step)
                 for group in self.optimizer.param_groups:
@@ -295,6 +334,7 @@ class Trainer:
                 lr = self.job.optim.lr * multiplier
                 step_loss = self._step(loss_acc, extra_acc)
                 n_acc += loop.grad_accum
+                n_timed += 1
                 grad_norm = self._update()
                 self.tokens_seen += self.tokens_per_step
                 done = step + 1
@@ -302,7 +342,7 @@ class Trainer:
                 if done % loop.log_every == 0 or done == steps:
                     synchronize(device)
                     dt = time.perf_counter() - t_window
-                    tok_s = (n_acc // loop.grad_accum) * self.tokens_per_step / dt
+                    tok_s = n_timed * self.tokens_per_step / dt
                     if step >= loop.log_every:  # the first window includes warm-up and compilation
                         tok_rates.append(tok_s)
                     record = {"step": done, "train/loss": float(mean(loss_acc, dist)) / n_acc, "train/lr": lr,
@@ -327,7 +367,7 @@ class Trainer:
                     progress.update(task, status=status)
                     if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar
                         progress.console.print(f"step {done:>6}/{steps}  {status}")
-                    t_window, loss_acc, n_acc = time.perf_counter(), torch.zeros((), device=device), 0
+                    t_window, loss_acc, n_acc, n_timed = time.perf_counter(), torch.zeros((), device=device), 0, 0
                     extra_acc = {}
 
                 if not stop.requested:
@@ -359,7 +399,10 @@ class Trainer:
                 if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last or stop.requested:
                     check_finite(float(mean(step_loss, dist)), done, ckpt_path)  # never save a diverged model
                     t_ckpt = time.perf_counter()
-                    ckpt_path = self.save(done)
+                    window = {"loss": float(mean(loss_acc, dist)), "micro": n_acc,
+                              "extra": {k: float(mean(torch.as_tensor(v, device=device), dist))
+                                        for k, v in sorted(extra_acc.items())}} if n_acc else None
+                    ckpt_path = self.save(done, window)
                     t_window += time.perf_counter() - t_ckpt
                 progress.update(task, completed=done)
                 if stop.requested:
@@ -463,6 +506,8 @@ class Trainer:
         if getattr(self, "logger", None) is not None:
             self.logger.finish()
         console.out.quiet = self._quiet_before
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
         shutdown(self.dist)
 
 
@@ -481,12 +526,6 @@ def stopped_by_signal(summary: dict) -> bool:
     """Whether a run stopped early because it was asked to (SIGINT, SIGTERM), not at a budget."""
     reason = summary.get("stopped_by")
     return bool(reason) and not reason.startswith("train.")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class StopRequest:

@@ -13,7 +13,7 @@ from llmlab.errors import ConfigError
 from llmlab.model.loss import HEAD_LOSS
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.registry import parse_dataclass
-from llmlab.train.device import PRECISIONS
+from llmlab.train.device import PRECISIONS, resolve_device
 from llmlab.train.distill import DistillConfig
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim import OPTIMIZER
@@ -38,6 +38,7 @@ class LoopConfig:
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
     sample_tokens: int = 48
     resume: str | None = "auto"  # auto: this run dir's latest checkpoint if any; a path; null: start fresh
+    resume_weights_only: bool = False  # resume a checkpoint without trainer.pt: its weights, a fresh optimizer
     max_tokens: int | None = None  # the run's length in tokens; replaces `steps` (the schedule spans it)
     max_steps: int | None = None  # stop (saving a checkpoint) at this step; the schedule still spans `steps`
     max_time: float | None = None  # seconds; stop (saving a checkpoint) when training has run this long
@@ -97,6 +98,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"seed: expected an integer, got {seed!r}")
     tokenizer = TOKENIZER.config(cfg.get("tokenizer"), "tokenizer")
+    resolve_device(str(cfg.get("device", "auto")))  # an unknown or absent device is a config mistake
     job = TrainJob(
         seed=seed,
         device=str(cfg.get("device", "auto")),
@@ -129,7 +131,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
 # Keys that change how a run is watched or where it runs, not what it computes: they stay out
 # of the run id, so a run can be resumed with another log interval, device or time budget.
 RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
-RUN_ID_IGNORES_TRAIN = {"resume", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
+RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
                         "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss"}
 
 

@@ -23,7 +23,8 @@ def run_job(cfg: dict, run_dir: Path, job_num: int) -> None:
     """One job of a sweep."""
     from llmlab import console
     from llmlab.errors import UserError
-    from llmlab.train.loop import atomic_write_text, run_training, stopped_by_signal
+    from llmlab.files import atomic_write_text
+    from llmlab.train.loop import run_training, stopped_by_signal
 
     failed = run_dir / FAILED
     failed.unlink(missing_ok=True)

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ def saved(tmp_path):
     from llmlab.data.tokenizer import TOKENIZER
     tok = TOKENIZER.build(TOKENIZER.config({"kind": "byte"}, "tokenizer")).make()
     tok.save(tmp_path / "tok.json")
-    model = tiny_model(seed=1)
+    model = tiny_model(seed=1, vocab_size=tok.vocab_size)  # the model embeds every id of its tokenizer
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randint(0, 97, (1, 8)), torch.randint(0, 97, (1, 8))).loss.backward()
     opt.step()
@@ -97,5 +99,9 @@ def test_trainer_state_is_loaded_without_unpickling_code(saved, tmp_path):
             return (print, ("pwned",))
 
     torch.save({"optimizer": Evil()}, paths[-1] / "trainer.pt", pickle_module=pickle)
+    manifest = paths[-1] / "manifest.json"  # as a forger would: the manifest agrees with the file
+    listed = json.loads(manifest.read_text())
+    listed["files"]["trainer.pt"] = (paths[-1] / "trainer.pt").stat().st_size
+    manifest.write_text(json.dumps(listed))
     with pytest.raises(UserError, match="trainer.pt is unreadable"):
         load_checkpoint(paths[-1]).trainer_state()

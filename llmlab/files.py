@@ -1,0 +1,144 @@
+"""Files that must never be half-written, half-read or written twice at once.
+
+- `owned_tmp_dir`: a temporary directory named after the host and PID that made it, so a
+  later run can tell a dead writer's leftovers (`clean_stale`) from a live writer's work.
+- `RunLock`: one writer per run directory; a second one is told who holds it.
+- `disk_error`: an OSError (or a library's wrapped one) from a full disk, a file-size limit
+  or a read-only directory, as one line that says which file and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+from llmlab.errors import UserError
+
+TMP = ".tmp-"
+_HOST = socket.gethostname().replace("-", "_")[:32] or "host"
+# errnos a user fixes by freeing space, raising a limit or choosing another directory
+DISK_ERRNOS = {errno.ENOSPC: "the device is full", errno.EDQUOT: "the disk quota is exhausted",
+               errno.EFBIG: "the file-size limit was reached", errno.EROFS: "the file system is read-only",
+               errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+# how libraries that wrap the OS error (torch's zip writer, safetensors) word the same failures
+_MESSAGES = {"no space left": "the device is full", "file too large": "the file-size limit was reached",
+             "quota exceeded": "the disk quota is exhausted", "read-only file system": "the file system is read-only",
+             "unexpected pos": "the device is full or the file-size limit was reached",
+             "permission denied": "permission denied"}
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``path`` holds the old text or the new, never a part of either."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def owned_name(label: str, kind: str = TMP) -> str:
+    """``<kind><host>-<pid>-<label>-``: the start of a name that says which process owns it."""
+    return f"{kind}{_HOST}-{os.getpid()}-{label}-"
+
+
+def owned_tmp_dir(parent: Path, label: str) -> Path:
+    """``parent/.tmp-<host>-<pid>-<label>-<random>``: a fresh directory whose name says who writes it."""
+    return Path(tempfile.mkdtemp(prefix=owned_name(label), dir=parent))
+
+
+def writer_alive(name: str, kind: str = TMP) -> bool:
+    """Whether the process that made the entry ``name`` (see `owned_name`) still runs. A name
+    from another host, or of another form, counts as alive: only what is provably dead goes."""
+    rest = name[len(kind):].split("-")
+    if not name.startswith(kind) or len(rest) < 3 or rest[0] != _HOST or not rest[1].isdigit():
+        return True
+    pid = int(rest[1])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def clean_stale(parent: Path, kind: str = TMP) -> list[Path]:
+    """Remove the ``owned_tmp_dir`` entries under ``parent`` whose writer has died; return them."""
+    removed = []
+    if not Path(parent).is_dir():
+        return removed
+    for p in Path(parent).iterdir():
+        if p.name.startswith(kind) and not writer_alive(p.name, kind):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def disk_problem(err: BaseException) -> str | None:
+    """What a write failure means for the user, when it is the disk's doing (else None)."""
+    for e in (err, err.__cause__, err.__context__):
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return DISK_ERRNOS[e.errno]
+    text = str(err).lower()
+    for needle, meaning in _MESSAGES.items():
+        if needle in text:
+            return meaning
+    return None
+
+
+def disk_error(err: BaseException, what: str, hint: str = "") -> UserError | None:
+    """A one-line UserError for a disk failure while writing ``what``, or None for other errors."""
+    meaning = disk_problem(err)
+    if meaning is None:
+        return None
+    name = getattr(err, "filename", None)
+    where = f" ({name})" if name else ""
+    return UserError(f"cannot write {what}{where}: {meaning}{'; ' + hint if hint else ''}")
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the life of one trainer (``fcntl.flock``: the
+    kernel drops it when the holder dies, even by kill -9). ``.lock`` records the holder's PID."""
+
+    def __init__(self, run_dir: Path, key: str = "hydra.run.dir"):
+        self.path = Path(run_dir) / ".lock"
+        self.key = key
+        self.file = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): one writer is the user's to ensure
+            return self
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise UserError(f"{self.key}: {self.path.parent} is in use by another llmlab train (PID {holder}); "
+                            "wait for it to end, or use another hydra.run.dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing drops the flock
+            self.file = None
