@@ -70,9 +70,8 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def read_run(path: Path) -> Run | None:
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except (OSError, ValueError):
+    summary = read_summary(path)
+    if summary is None:
         return None
     overrides = read_overrides(path)
     seed = summary.get("seed")
@@ -81,24 +80,62 @@ def read_run(path: Path) -> Run | None:
     curve = []
     metrics = path / "metrics.jsonl"
     if metrics.is_file():
-        for line in metrics.read_text().splitlines():
+        for line in metrics.read_text(errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            if "val/loss" in rec and "train/tokens" in rec:
-                curve.append((float(rec["train/tokens"]), float(rec["val/loss"])))
+            if isinstance(rec, dict) and "val/loss" in rec and "train/tokens" in rec:
+                try:
+                    curve.append((float(rec["train/tokens"]), float(rec["val/loss"])))
+                except (TypeError, ValueError):
+                    raise UserError(f"runs: {metrics}: a val/loss record holds a value that is not a number") from None
     curve.sort()
     return Run(path, summary, overrides, seed, curve)
 
 
 def read_overrides(path: Path) -> list[str]:
-    """A run's command-line overrides (Hydra's record), without Hydra's own."""
+    """A run's command-line overrides (Hydra's record), without Hydra's own. Read as plain
+    YAML and kept as literal text: a run directory may come from someone else, and an
+    interpolation in it (``${oc.env:SECRET}``) must never be resolved."""
+    import yaml
+
     ov = path / ".hydra" / "overrides.yaml"
     if not ov.is_file():
         return []
-    from omegaconf import OmegaConf
-    return [str(o) for o in OmegaConf.load(ov) if not str(o).startswith("hydra")]
+    try:
+        items = yaml.safe_load(ov.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UserError(f"runs: {ov} is not readable YAML ({(str(e).splitlines() or [''])[0]})") from e
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(isinstance(o, (str, int, float, bool)) for o in items):
+        raise UserError(f"runs: {ov} is not a list of overrides (key=value strings)")
+    return [str(o) for o in items if not str(o).startswith("hydra")]
+
+
+# summary.json values the report computes with; anything else there is only shown
+NUMERIC_SUMMARY = ("val_loss", "tokens_per_s", "decode_tokens_per_s", "mfu", "params", "flops_per_token",
+                   "kv_cache_bytes_per_token")
+
+
+def read_summary(path: Path) -> dict | None:
+    """A run's summary.json, checked: an object whose numeric fields are numbers or null.
+    None while there is none (a run still going)."""
+    f = path / "summary.json"
+    try:
+        summary = json.loads(f.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"runs: {f} is not valid JSON ({(str(e).splitlines() or [''])[0]})") from e
+    if not isinstance(summary, dict):
+        raise UserError(f"runs: {f} holds a JSON {type(summary).__name__}, not an object")
+    for key in NUMERIC_SUMMARY:
+        value = summary.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise UserError(f"runs: {f}: {key} is {value!r}, not a number")
+    return summary
 
 
 def natural_key(path: Path) -> list:

@@ -1,0 +1,181 @@
+"""A run directory or a checkpoint from elsewhere is data, never instructions; a user's
+mistake is one line, never a traceback. Each case here was once a leak or a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+from tests.test_cli import TINY, one_line_error, trained  # noqa: F401 (a fixture)
+
+
+def copy_checkpoint(trained, tmp_path: Path) -> Path:  # noqa: F811
+    from llmlab.train.checkpoint import list_checkpoints
+    root, _ = trained
+    src = list_checkpoints(root / "outputs" / "run" / "checkpoints")[-1]
+    dst = tmp_path / "downloaded"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_report_never_resolves_what_a_run_directory_says(trained, tmp_path):  # noqa: F811
+    root, _ = trained
+    shared = tmp_path / "shared"
+    for i, lr in enumerate(["${oc.env:LLMLAB_TEST_SECRET}", "0.001"]):
+        run = shared / str(i)
+        shutil.copytree(root / "outputs" / "run", run, ignore=shutil.ignore_patterns("checkpoints"))
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"optim.lr={lr}"]))
+    r = run_cli("report", str(shared), f"out={tmp_path / 'out'}", cwd=tmp_path,
+                env={"LLMLAB_TEST_SECRET": "hunter2-secret"})
+    assert r.returncode == 0, r.stderr
+    written = "".join((tmp_path / "out" / f).read_text() for f in ("report.md", "report.json"))
+    for text in (r.stdout, r.stderr, written):
+        assert "hunter2" not in text
+    assert "optim.lr=${oc.env:LLMLAB_TEST_SECRET}" in written  # shown as the literal text it is
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ("overrides.yaml", "overrides.yaml is not a list of overrides"),
+    ("overrides-syntax", "overrides.yaml is not readable YAML"),
+    ("summary", "val_loss is 'low', not a number"),
+    ("summary-list", "summary.json holds a JSON list, not an object"),
+])
+def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, fragment):  # noqa: F811
+    root, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(root / "outputs" / "run", run, ignore=shutil.ignore_patterns("checkpoints"))
+    summary = json.loads((run / "summary.json").read_text())
+    if bad == "overrides.yaml":
+        (run / ".hydra" / "overrides.yaml").write_text("{a: 1}\n")
+    elif bad == "overrides-syntax":
+        (run / ".hydra" / "overrides.yaml").write_text("- [unclosed\n")
+    elif bad == "summary":
+        (run / "summary.json").write_text(json.dumps({**summary, "val_loss": "low"}))
+    else:
+        (run / "summary.json").write_text("[1, 2]")
+    one_line_error(run_cli("report", str(run), cwd=tmp_path), 1, fragment)
+
+
+def test_eval_never_opens_a_file_a_checkpoint_names(trained, tmp_path):  # noqa: F811
+    """A downloaded checkpoint whose config names a local file, with no cache entry here:
+    eval asks for the data in one line, and nothing of the file reaches the cache."""
+    ckpt = copy_checkpoint(trained, tmp_path)
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE KEY " * 200)
+    config = yaml.safe_load((ckpt / "config.yaml").read_text())
+    config["data"] = {"kind": "text", "paths": [str(secret)], "val_fraction": 0.5}
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(config))
+    state = json.loads((ckpt / "state.json").read_text())
+    for key in ("no-such-entry", "../../../../etc"):  # absent, and a key that walks out of the cache
+        (ckpt / "state.json").write_text(json.dumps({**state, "data_key": key}))
+        _rewrite_manifest(ckpt)
+        r = run_cli("eval", f"ckpt={ckpt}", cwd=tmp_path)
+        one_line_error(r, 1, "data: ", "pass data=text")
+    assert not (tmp_path / ".cache").exists() or not any((tmp_path / ".cache").iterdir())
+    # named on the command line, the same file is the user's choice
+    r = run_cli("eval", f"ckpt={ckpt}", "data=text", f"data.paths=[{secret}]", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def _rewrite_manifest(ckpt: Path) -> None:
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"] = {f: (ckpt / f).stat().st_size for f in manifest["files"]}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    ("state-list", "state.json holds a JSON list, not an object"),
+    ("vocab", "its tokenizer.json has"),
+    ("regex", "the tokenizer failed on this text"),
+])
+def test_a_damaged_or_hostile_checkpoint_is_one_line(trained, tmp_path, damage, fragment):  # noqa: F811
+    ckpt = copy_checkpoint(trained, tmp_path)
+    if damage == "state-list":
+        (ckpt / "state.json").write_text("[]")
+    elif damage == "vocab":  # a tokenizer with more ids than the model embeds
+        from llmlab.data.tokenizer import TOKENIZER
+        factory = TOKENIZER.build(TOKENIZER.config({"kind": "bpe", "vocab_size": 400}, "tokenizer"))
+        factory.make(lambda: iter([["some text to learn from " * 50, "abcdefghijklmnopqrstuvwxyz" * 20]])).save(
+            ckpt / "tokenizer.json")
+    else:  # a pre-tokenizer regex that exhausts the regex engine's retry limit
+        tok = json.loads((ckpt / "tokenizer.json").read_text())
+        tok["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+b"}, "behavior": "Isolated",
+                                "invert": False}
+        (ckpt / "tokenizer.json").write_text(json.dumps(tok))
+    _rewrite_manifest(ckpt)
+    prompt = "a" * 5000 if damage == "regex" else "x"
+    one_line_error(run_cli("sample", f"ckpt={ckpt}", f"prompt={prompt}", "max_new_tokens=2", cwd=tmp_path), 1,
+                   fragment)
+    if damage != "regex":
+        one_line_error(run_cli("eval", f"ckpt={ckpt}", cwd=tmp_path), 1, fragment)
+
+
+def test_resume_with_another_tokenizer_is_refused(trained, tmp_path):  # noqa: F811
+    from tests.conftest import write_corpus
+    root, _ = trained
+    corpus = write_corpus(tmp_path)
+    ckpt = copy_checkpoint(trained, tmp_path)
+    args = [a for a in TINY if a != "tokenizer=byte"]
+    r = run_cli("train", "data=text", f"data.paths=[{corpus}/*]", *args, "tokenizer=bpe", "tokenizer.vocab_size=300",
+                f"train.resume={ckpt}", "train.steps=8", cwd=tmp_path)
+    one_line_error(r, 2, "tokenizer: this run's tokenizer", str(ckpt))
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (["device=banana"], 2, "device: unknown device 'banana'"),
+    (["device=cuda"], 2, "device: cuda was asked for"),
+    (["data=text", "data.paths=[]"], 2, "data.paths: no files given"),
+    (["optim.lr=inf"], 2, "optim.lr: must be a finite number"),
+    (["optim.lr=nan"], 2, "optim.lr: must be a finite number"),
+])
+def test_config_mistakes_exit_2_and_create_no_run_directory(tmp_path, args, code, fragment):
+    import torch
+    if args == ["device=cuda"] and torch.cuda.is_available():
+        args, fragment = ["device=cuda:99"], "device"
+    r = run_cli("train", *TINY, *args, cwd=tmp_path)
+    one_line_error(r, code, fragment)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_corpus_of_empty_files_is_refused(tmp_path):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("")
+    r = run_cli("tokenize", "data=text", f"data.paths=[{tmp_path}/*.txt]", "tokenizer=byte", cwd=tmp_path)
+    one_line_error(r, 1, "the corpus is empty", "hold no text")
+    assert not (tmp_path / ".cache").exists() or not [p for p in (tmp_path / ".cache").iterdir()
+                                                         if not p.name.startswith(".")]
+
+
+def test_a_prompt_file_that_is_not_utf8(trained, tmp_path):  # noqa: F811
+    root, _ = trained
+    bad = tmp_path / "prompts.txt"
+    bad.write_bytes(b"caf\xe9\n")
+    r = run_cli("sample", f"ckpt={root / 'outputs' / 'run'}", f"prompt_file={bad}", cwd=tmp_path)
+    one_line_error(r, 1, "prompt_file", "is not UTF-8")
+
+
+def test_a_malformed_local_jsonl_dataset(tmp_path):
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": "broken\n')
+    r = run_cli("tokenize", "data=hf", f"data.path={bad}", "tokenizer=byte", cwd=tmp_path)
+    one_line_error(r, 1, "data.path: cannot load")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: F811
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    shard = entry / "train.bin"
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-3])
+    else:
+        shard.unlink()
+    r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=2", cwd=tmp_path)
+    one_line_error(r, 1, str(shard), "delete")
