@@ -45,7 +45,9 @@ def _rank(name: str) -> str:
 
 def split_documents(docs: list[Document], val_fraction: float) -> Split:
     if not docs:
-        raise UserError("the corpus is empty: no documents were found")
+        raise UserError("data: the corpus is empty: no documents were found")
+    if not any(d.text.strip() for d in docs):
+        raise UserError(f"data: the corpus is empty: its {len(docs):,} documents hold no text")
     if len(docs) == 1:
         doc = docs[0]
         cut = int(len(doc.text) * (1 - val_fraction))
@@ -141,6 +143,11 @@ class TextFiles(Corpus):
         kind: str = "text"
         paths: list[str] | str = field(default_factory=list)  # one pattern or a list of them
 
+        def check(self, prefix: str) -> None:
+            super().check(prefix)
+            if not self.paths:
+                raise ConfigError(f"{prefix}.paths: no files given; set {prefix}.paths=[file.txt,'dir/**/*.md']")
+
     def files(self) -> list[Path]:
         patterns = [self.cfg.paths] if isinstance(self.cfg.paths, str) else list(self.cfg.paths)
         if not patterns:
@@ -202,10 +209,21 @@ class HFDataset(Corpus):
         elif os.path.isdir(path) and (Path(path) / "dataset_info.json").exists():
             ds = datasets.load_from_disk(path)
             return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        verbosity = datasets.logging.get_verbosity()
+        # the builder logs a malformed file's error as well as raising it: said once, below
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)
         try:
             return datasets.load_dataset(builder, self.cfg.name, split=split, **kwargs)
-        except (FileNotFoundError, ValueError, ConnectionError) as e:
-            raise UserError(f"data.path: cannot load '{self.cfg.path}' split '{split}': {str(e).splitlines()[0]}") from e
+        except Exception as e:
+            # a malformed local file (a JSONL line that is not JSON, say) fails inside the builder
+            # with the library's own exception types; either way it is the data's fault
+            if not (local or isinstance(e, (FileNotFoundError, ValueError, ConnectionError))):
+                raise
+            cause = e.__cause__ or e
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise UserError(f"data.path: cannot load '{self.cfg.path}' split '{split}': {reason}") from e
+        finally:
+            datasets.logging.set_verbosity(verbosity)
 
     def _docs(self, split: str) -> list[Document]:
         ds = self._load(split)

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,8 +25,10 @@ from llmlab import console
 from llmlab.data.corpus import CORPUS, Document
 from llmlab.data.shards import ShardWriter, read_shard, token_dtype
 from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
+from llmlab.errors import UserError
+from llmlab.files import clean_stale, disk_error, owned_tmp_dir
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: BPE pieces capped at MAX_PIECE_CHARS
 DEFAULT_CACHE = ".cache/llmlab"
 
 # Cutting a document at a newline between two non-space characters leaves byte-level BPE's
@@ -75,7 +76,21 @@ class Prepared:
         return int(self.meta["vocab_size"])
 
     def tokens(self, split: str) -> np.ndarray:
-        return read_shard(self.path / f"{split}.bin", self.meta["dtype"])
+        """The split's token ids (memory-mapped), after checking the shard against meta.json."""
+        path = self.path / f"{split}.bin"
+        try:
+            expected = int(self.meta[split]["tokens"]) * np.dtype(self.meta["dtype"]).itemsize
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size, expected = None, 0
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"data: the cache entry {self.path} has a damaged meta.json ({e}); delete that directory "
+                            "and run again to prepare the data anew") from None
+        if size != expected:
+            found = "is missing" if size is None else f"has {size:,} bytes, not the {expected:,} meta.json records"
+            raise UserError(f"data: {path} {found}; the cache entry is damaged: delete {self.path} and run again to "
+                            "prepare the data anew")
+        return read_shard(path, self.meta["dtype"])
 
     def token_counts(self, split: str = "train", limit: int = COUNT_LIMIT) -> np.ndarray:
         """(vocab_size,) int64: occurrences of each token id in the first ``limit`` tokens of
@@ -145,11 +160,13 @@ def prepare(data_section: Mapping[str, Any], tok_section: Mapping[str, Any], cac
     root = cache_root(cache_dir)
     final = root / key
     if (final / "meta.json").is_file():
-        return Prepared(final, json.loads((final / "meta.json").read_text()))
+        return Prepared(final, read_meta(final))
 
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
+    tmp = None
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        clean_stale(root)  # entries half-built by a process that died
+        tmp = owned_tmp_dir(root, key)
         meta = _build(corpus, factory, data_cfg, tok_cfg, tmp, quiet)
         meta["key"] = key
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -159,13 +176,29 @@ def prepare(data_section: Mapping[str, Any], tok_section: Mapping[str, Any], cac
             if not (final / "meta.json").is_file():  # not a concurrent twin: a real failure
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        problem = disk_error(e, f"the prepared data in {root}", "free space or set cache_dir (or LLMLAB_CACHE) to "
+                             "another directory") if isinstance(e, OSError) else None
+        if problem is not None:
+            raise problem from e
         raise
-    prepared = Prepared(final, json.loads((final / "meta.json").read_text()), built=True)
+    prepared = Prepared(final, read_meta(final), built=True)
     if not quiet:
         print_summary(prepared)
     return prepared
+
+
+def read_meta(entry: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"data: {entry / 'meta.json'} is unreadable ({type(e).__name__}); delete {entry} and run "
+                        "again to prepare the data anew") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"data: {entry / 'meta.json'} is not a JSON object; delete {entry} and run again")
+    return meta
 
 
 def _build(corpus, factory, data_cfg, tok_cfg, out: Path, quiet: bool) -> dict[str, Any]:

@@ -3,13 +3,16 @@ so every kind saves to and loads from one ``tokenizer.json``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
@@ -32,6 +35,20 @@ def byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
+# The longest piece BPE sees. GPT-2's pre-tokenizer makes one piece of a run of letters,
+# digits, punctuation or spaces however long it is, and BPE's cost on one piece grows
+# faster than its length: a 2 MB line of minified JSON or base64 did not finish in 150 s.
+# Runs longer than this are cut into pieces of this length first (only such runs change).
+MAX_PIECE_CHARS = 256
+
+
+def long_run_splitter() -> pre_tokenizers.Split:
+    """Isolates every MAX_PIECE_CHARS characters of a run of non-space (or of space)
+    characters, so the pre-tokenizer after it never sees a longer run."""
+    n = MAX_PIECE_CHARS
+    return pre_tokenizers.Split(Regex(rf"\S{{{n}}}|\s{{{n}}}"), behavior="isolated")
+
+
 class TextTokenizer:
     """A `tokenizers.Tokenizer` plus the id of its document separator."""
 
@@ -47,10 +64,12 @@ class TextTokenizer:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        with engine_errors():
+            return self.tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        with engine_errors():
+            return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
@@ -64,6 +83,44 @@ class TextTokenizer:
             return cls(Tokenizer.from_file(str(path)), eos)
         except Exception as e:  # the Rust side raises plain Exceptions for bad files
             raise UserError(f"cannot read tokenizer {path}: {str(e).splitlines()[0]}") from e
+
+
+@contextlib.contextmanager
+def engine_errors():
+    """The Rust engine panics (a BaseException, so no ``except Exception`` stops it) when a
+    tokenizer.json's regex exhausts the regex engine's retry limit: that is the tokenizer's
+    fault, said in one line. Rust's panic hook also writes its own lines (with a backtrace
+    under RUST_BACKTRACE=1) straight to file descriptor 2, so while the engine runs that
+    descriptor goes to a buffer, written out afterwards unless the engine panicked."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no descriptor 2 to hold
+        saved = None
+    panicked = False
+    buf = tempfile.TemporaryFile() if saved is not None else None
+    try:
+        if buf is not None:
+            os.dup2(buf.fileno(), 2)
+        yield
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        panicked = True
+        reason = (str(e).splitlines() or ["a panic"])[0]
+        raise UserError(f"tokenizer: the tokenizer failed on this text ({reason}); its pre-tokenizer regex is too "
+                        "costly for the input: use another tokenizer.json, or tokenizer=bpe") from None
+    finally:
+        if buf is not None:
+            sys.stderr.flush()  # what Python wrote meanwhile is in the buffer too
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not panicked:
+                buf.seek(0)
+                held = buf.read()
+                if held:
+                    os.write(2, held)
+            buf.close()
 
 
 class TokenizerFactory:
@@ -104,7 +161,7 @@ class ByteLevelBPE(TokenizerFactory):
 
     def make(self, texts=None, total=None) -> TextTokenizer:
         tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([long_run_splitter(), pre_tokenizers.ByteLevel(add_prefix_space=False)])
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=self.cfg.vocab_size, min_frequency=self.cfg.min_frequency, special_tokens=[EOS],
