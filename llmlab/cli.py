@@ -54,17 +54,26 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def guarded(fn: Callable) -> Callable:
-    """Run a command body; a UserError becomes one line on stderr and exit status 1."""
-    from llmlab.errors import UserError
+    """Run a command body; a UserError becomes one line on stderr and exit status 1 (2 for a
+    ConfigError, a mistake in the settings), and so does a full disk or a read-only directory."""
+    from llmlab.errors import ConfigError, UserError
+    from llmlab.files import disk_error
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except ConfigError as e:
+            fail(str(e), 2)
         except UserError as e:
             fail(str(e), 1)
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except OSError as e:
+            problem = disk_error(e, "a file")
+            if problem is None:
+                raise
+            fail(str(problem), 1)
     return wrapper
 
 
@@ -258,7 +267,18 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(f"llmlab.commands.{command}")
     app = hydra_app(command, module.run)
     sys.argv = [f"llmlab {command}", *rest]
-    app()
+    # Hydra raises what fails in its own work (writing a job's .hydra/ files on a full disk)
+    # instead of printing a shortened traceback, so a disk problem there is one line too
+    import os
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        app()
+    except OSError as e:
+        from llmlab.files import disk_error
+        problem = disk_error(e, "a file")
+        if problem is None:
+            raise
+        fail(str(problem), 1)
 
 
 def paths_to_runs_override(args: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ an unknown kind stops with a one-line message naming the key and what is allowed
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Callable, Mapping
@@ -74,6 +75,8 @@ def _check_value(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # no setting means infinity or NaN; budgets say "none" with null
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:

@@ -25,6 +25,8 @@ def validate(cfg: dict) -> None:
     if not isinstance(cfg.get("batch_size"), int) or cfg["batch_size"] < 1:
         raise ConfigError(f"batch_size: must be an integer >= 1, got {cfg.get('batch_size')!r}")
     _positive_or_null(cfg, "max_tokens")
+    from llmlab.train.device import resolve_device
+    resolve_device(str(cfg.get("device", "auto")))
     _positive_or_null(cfg, "max_batches")
     if cfg.get("data") is not None:
         from llmlab.data.corpus import CORPUS

@@ -28,6 +28,8 @@ def validate(cfg: dict) -> None:
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown key; allowed: {', '.join(KEYS)}")
     sampling_config(cfg).check("")
+    from llmlab.train.device import resolve_device
+    resolve_device(str(cfg.get("device", "auto")))
     check_pack(cfg.get("pack_weights", "auto"))
     if not isinstance(cfg.get("num_samples"), int) or cfg["num_samples"] < 1:
         raise ConfigError(f"num_samples: must be an integer >= 1, got {cfg.get('num_samples')!r}")
@@ -67,7 +69,10 @@ def read_prompts(cfg: dict) -> list[str]:
     path = Path(str(cfg["prompt_file"])).expanduser()
     if not path.is_file():
         raise UserError(f"prompt_file: {path} is not a file")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"prompt_file: {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     if path.suffix == ".jsonl":
         prompts = []
         for n, line in enumerate(lines, 1):
