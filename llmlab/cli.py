@@ -13,7 +13,7 @@ import itertools
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 USAGE_COMMANDS = {
     "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
@@ -271,14 +271,51 @@ def main(argv: list[str] | None = None) -> None:
     # instead of printing a shortened traceback, so a disk problem there is one line too
     import os
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    worker = command == "train" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
     try:
-        app()
-    except OSError as e:
-        from llmlab.files import disk_error
-        problem = disk_error(e, "a file")
-        if problem is None:
-            raise
-        fail(str(problem), 1)
+        try:
+            app()
+        except OSError as e:
+            from llmlab.files import disk_error
+            problem = disk_error(e, "a file")
+            if problem is None:
+                raise
+            fail(str(problem), 1)
+    except SystemExit as e:
+        if worker:
+            leave_without_finalizing(e.code)
+        raise
+    if worker:
+        leave_without_finalizing(0)
+
+
+def leave_without_finalizing(code) -> NoReturn:
+    """End a torchrun worker as a normal exit would (every exit handler runs: wandb's,
+    logging's, temporary files'; the streams are flushed) but without finalizing the
+    interpreter.
+
+    With gloo, torch's worker threads release the tensors of finished collectives (which needs
+    the GIL) a moment after the caller has seen them complete, and under FSDP2 with torch 2.14
+    DTensor's caches keep the process group, and so those threads, alive after
+    ``destroy_process_group``. A thread that asks for the GIL while Python 3.11 finalizes is
+    killed inside a C++ destructor: "terminate called without an active exception", SIGABRT,
+    and torchrun reports the job as failed though it finished. Nothing is left to do once the
+    exit handlers ran, so the process ends there, and no thread races the interpreter.
+    """
+    import atexit
+    import os
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def paths_to_runs_override(args: list[str]) -> list[str]:

@@ -67,9 +67,16 @@ def init_distributed(device: torch.device, fsdp: bool) -> tuple[Dist, torch.devi
     return dist, device
 
 
-def shutdown(dist: Dist) -> None:
-    if dist.enabled and tdist.is_initialized():
-        tdist.destroy_process_group()
+def shutdown(dist: Dist, clean: bool = True) -> None:
+    """Leave the process group. ``clean``: every rank got here the normal way, so they meet
+    at a barrier first and none tears down while another still waits on a collective (after
+    an error another rank may never arrive, so then there is no barrier). How a torchrun
+    worker then exits: `llmlab.cli.leave_without_finalizing`."""
+    if not (dist.enabled and tdist.is_initialized()):
+        return
+    if clean:
+        tdist.barrier()
+    tdist.destroy_process_group()
 
 
 def wrap_model(model: nn.Module, dist: Dist, device: torch.device, find_unused: bool = False) -> nn.Module:

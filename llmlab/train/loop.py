@@ -71,9 +71,12 @@ def run_training(cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = F
     run is one job of a sweep, which changes only what a stopped run says to do next."""
     trainer = Trainer(cfg, run_dir, in_sweep)
     try:
-        return trainer.run()
-    finally:
-        trainer.close()
+        summary = trainer.run()
+    except BaseException:
+        trainer.close(clean=False)
+        raise
+    trainer.close(clean=True)
+    return summary
 
 
 class Trainer:
@@ -81,6 +84,13 @@ class Trainer:
     ``run`` steps it to the end or to a budget and writes the summary."""
 
     def __init__(self, cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False):
+        try:
+            self._build(cfg, run_dir, in_sweep)
+        except BaseException:
+            self.close(clean=False)
+            raise
+
+    def _build(self, cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool) -> None:
         self.t_begin = time.perf_counter()  # wall time includes data preparation and model build
         self.cfg = cfg
         self.in_sweep = in_sweep
@@ -500,15 +510,20 @@ class Trainer:
         console.out.print(f"checkpoint: {ckpt_path}")
         return summary
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
+        """Flush and release everything the run holds. ``clean``: every rank got here the
+        normal way, so they can meet at a barrier before the process group goes (after an
+        error another rank may never arrive)."""
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
         if getattr(self, "logger", None) is not None:
             self.logger.finish()
-        console.out.quiet = self._quiet_before
+        if hasattr(self, "_quiet_before"):
+            console.out.quiet = self._quiet_before
         if getattr(self, "lock", None) is not None:
             self.lock.release()
-        shutdown(self.dist)
+        if getattr(self, "dist", None) is not None:
+            shutdown(self.dist, clean)
 
 
 def finished_summary(run_dir: Path, rid: str) -> dict | None:

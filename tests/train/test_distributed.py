@@ -77,3 +77,23 @@ def test_two_ranks_follow_the_one_process_curve_across_a_resume(one_process, tmp
     third = torchrun(*args, cwd=tmp_path)  # a finished run is not trained again
     assert third.returncode == 0 and "finished already" in third.stdout
     assert losses(tmp_path / "run") == got
+
+
+@pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (2, 2), ("llmlab: error: bad", 1)])
+def test_a_worker_leaves_as_a_normal_exit_would_without_finalizing(tmp_path, code, status):
+    """A torchrun worker ends without interpreter finalization (where gloo's threads can abort
+    the process), yet everything a normal exit does still happens: the exit handlers run,
+    buffered output reaches the pipe, and the status is the command's."""
+    marker = tmp_path / "handler_ran"
+    script = ("import atexit, sys\n"
+              f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes'))\n"
+              "sys.stdout.write('buffered line, no newline flush')\n"
+              "from llmlab.cli import leave_without_finalizing\n"
+              f"leave_without_finalizing({code!r})\n"
+              "print('never reached')\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == status
+    assert r.stdout == "buffered line, no newline flush"
+    assert marker.read_text() == "yes"
+    assert r.stderr == (f"{code}\n" if isinstance(code, str) else "")
