@@ -37,6 +37,7 @@ test-all: install  ## everything, slow end-to-end runs included
 
 bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.tokenize_speed --shakespeare "$(SHAKESPEARE)"
+	$(PYTHON) -m bench.long_line
 	$(PYTHON) -m bench.attention
 	$(PYTHON) -m bench.train_default
 	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"
