@@ -1,8 +1,56 @@
-"""The rich consoles every command prints through: status to stderr, results to stdout."""
+"""The rich consoles every command prints through: status to stderr, results to stdout.
+
+What they print is also kept in the command's log file in its run directory (`keeping`), as
+plain text and without the live progress bar's frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
 
 from rich.console import Console
 
+# Width of the kept log: long lines are not folded at 80 columns there.
+LOG_WIDTH = 200
+
+
+class _Mirrored(Console):
+    """A Console whose ``print`` also goes to the log file being kept, if any."""
+
+    def print(self, *objects, **kwargs) -> None:  # noqa: A003 (rich's name)
+        super().print(*objects, **kwargs)
+        if _log is not None and not self.quiet:
+            _log.print(*objects, **kwargs)
+
+
 # soft_wrap: long lines are not broken at 80 columns when the output is a file or a pipe
 # markup=False: user text (paths, prompts, samples) is printed as it is; style with style=
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+out = _Mirrored(highlight=False, soft_wrap=True, markup=False)
+err = _Mirrored(stderr=True, highlight=False, soft_wrap=True, markup=False)
+_log: Console | None = None
+
+
+def keep(text: str) -> None:
+    """A line for the log file only (what a live display shows on the terminal)."""
+    if _log is not None and not out.quiet:
+        _log.print(text)
+
+
+@contextlib.contextmanager
+def keeping(path: str | Path):
+    """While inside, everything printed through ``out`` and ``err`` is appended to ``path``
+    too. A log that cannot be opened (read-only directory) is skipped: printing goes on."""
+    global _log
+    try:
+        f = open(path, "a", encoding="utf-8")
+    except OSError:
+        yield
+        return
+    previous, _log = _log, Console(file=f, width=LOG_WIDTH, no_color=True, highlight=False, soft_wrap=True,
+                                   markup=False, emoji=False)
+    try:
+        yield
+    finally:
+        _log = previous
+        f.close()

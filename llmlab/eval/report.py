@@ -35,12 +35,20 @@ class Run:
 
     @property
     def label_overrides(self) -> list[str]:
-        return without_seed(self.overrides)
+        return setting_apart(self.overrides)
 
 
-def without_seed(overrides: list[str]) -> list[str]:
-    """Overrides that set a group apart: all but ``seed``."""
-    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "seed"]
+def setting_apart(overrides: list[str]) -> list[str]:
+    """Overrides that can set a group apart: all but ``seed`` and the keys that only change
+    how a run is watched or where it runs (logger, log intervals, prompts, sample lengths,
+    device...), which the run id leaves out too."""
+    from llmlab.train.settings import RUN_ID_IGNORES, RUN_ID_IGNORES_TRAIN
+
+    def watch_only(key: str) -> bool:
+        parts = key.lstrip("+~").split("/")[0].split(".")
+        return (parts[0] == "seed" or parts[0] in RUN_ID_IGNORES
+                or (parts[0] == "train" and len(parts) > 1 and parts[1] in RUN_ID_IGNORES_TRAIN))
+    return [o for o in overrides if not watch_only(o.split("=", 1)[0])]
 
 
 @dataclass
@@ -53,13 +61,15 @@ class Group:
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:
-    """Every run directory (one with a summary.json) at or under ``paths``."""
+    """Every run directory (one with a summary.json) at or under ``paths``, in the order the
+    paths are given (a sweep's jobs in job order), so the first group is the first run given."""
     found: dict[Path, Run] = {}
     for p in paths:
         p = Path(p).expanduser()
         if not p.exists():
             raise UserError(f"runs: {p} does not exist")
-        candidates = [p / "summary.json"] if (p / "summary.json").is_file() else sorted(p.glob("**/summary.json"))
+        candidates = ([p / "summary.json"] if (p / "summary.json").is_file()
+                      else sorted(p.glob("**/summary.json"), key=lambda f: natural_key(f.parent)))
         for s in candidates:
             run = read_run(s.parent)
             if run is not None:
@@ -116,7 +126,8 @@ def read_overrides(path: Path) -> list[str]:
 
 # summary.json values the report computes with; anything else there is only shown
 NUMERIC_SUMMARY = ("val_loss", "tokens_per_s", "decode_tokens_per_s", "mfu", "params", "flops_per_token",
-                   "kv_cache_bytes_per_token")
+                   "kv_cache_bytes_per_token", "tokens_per_s_spread", "tokens_per_s_other_load",
+                   "decode_tokens_per_s_spread", "decode_tokens_per_s_other_load")
 
 
 def read_summary(path: Path) -> dict | None:
@@ -148,10 +159,10 @@ def group_runs(runs: list[Run], others: list[list[str]] = ()) -> list[Group]:
     ``others``: the overrides of runs that did not finish (a sweep's failed jobs), which count
     in what differs, so a group's label still says what sets it apart from them."""
     keys = {tuple(sorted(r.label_overrides)) for r in runs}
-    keys |= {tuple(sorted(without_seed(ovs))) for ovs in others}
+    keys |= {tuple(sorted(setting_apart(ovs))) for ovs in others}
     shared = set.intersection(*(set(k) for k in keys)) if keys else set()
     groups: dict[tuple, Group] = {}
-    for run in sorted(runs, key=lambda r: natural_key(r.path)):
+    for run in runs:  # groups in the order their first run was given
         key = tuple(sorted(r for r in run.label_overrides if r not in shared))
         if key not in groups:
             groups[key] = Group(" ".join(key) or ("all runs" if shared else "defaults"))
@@ -192,12 +203,79 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
             "val_loss_at_matched_ci95": at_ci.half_width if at_ci else None,
             "params": first.get("params"), "flops_per_token": first.get("flops_per_token"),
             "kv_cache_bytes_per_token": first.get("kv_cache_bytes_per_token"),
-            "train_tokens_per_s": _mean([r.summary.get("tokens_per_s") for r in g.runs]),
-            "decode_tokens_per_s": _mean([r.summary.get("decode_tokens_per_s") for r in g.runs]),
+            "caveats": list(dict.fromkeys(c for r in g.runs for c in _strings(r.summary.get("caveats")))),
+            **group_speed(g.runs, "tokens_per_s", "train_tokens_per_s"),
+            **group_speed(g.runs, "decode_tokens_per_s", "decode_tokens_per_s"),
             "mfu": _mean([r.summary.get("mfu") for r in g.runs]),
         })
     comparisons = [compare(g, base) for g in groups if g is not base]
-    return {"matched_tokens": matched, "baseline": base.label, "groups": rows, "comparisons": comparisons}
+    return {"matched_tokens": matched, "baseline": base.label, "groups": rows, "comparisons": comparisons,
+            "speed_note": speed_note(rows, [r for g in groups for r in g.runs]),
+            "size_note": size_note(rows, base.label)}
+
+
+# Groups whose parameters or FLOPs per token differ by more than this share from the baseline's
+# are flagged: their loss difference is partly a size difference.
+SIZE_SHARE = 0.05
+
+
+def size_note(rows: list[dict], baseline: str) -> str | None:
+    """One line naming the groups whose size differs from the baseline's by more than
+    `SIZE_SHARE` (parameters or training FLOPs per token); None when all match."""
+    base = next(r for r in rows if r["group"] == baseline)
+    flagged = []
+    for r in rows:
+        diffs = [f"{what} {r[key] / base[key] - 1:+.0%}" for key, what in
+                 (("params", "params"), ("flops_per_token", "FLOPs/token"))
+                 if r.get(key) and base.get(key) and abs(r[key] / base[key] - 1) > SIZE_SHARE]
+        if diffs:
+            r["size_differs"] = True
+            flagged.append(f"{r['group']} ({', '.join(diffs)})")
+    if not flagged:
+        return None
+    return (f"Sizes differ from the baseline's by more than {SIZE_SHARE:.0%}, so a loss difference is partly a "
+            f"size difference: {'; '.join(flagged)}.")
+
+
+def _strings(value) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def group_speed(runs: list[Run], key: str, name: str) -> dict:
+    """A group's speed: the median of its runs' medians; its spread, the larger of the runs'
+    own spreads and the spread between runs; the most other load any run saw (None where
+    no run could tell); and whether that makes it a figure taken under contention."""
+    import statistics
+
+    from llmlab.perf import contended
+    values = [r.summary.get(key) for r in runs if r.summary.get(key) is not None]
+    if not values:
+        return {name: None, f"{name}_spread": None, f"{name}_other_load": None, f"{name}_contended": False}
+    med = statistics.median(values)
+    between = (max(values) - min(values)) / 2 / med if len(values) > 1 and med > 0 else 0.0
+    own = [r.summary.get(f"{key}_spread") for r in runs if r.summary.get(f"{key}_spread") is not None]
+    loads = [r.summary.get(f"{key}_other_load") for r in runs if r.summary.get(f"{key}_other_load") is not None]
+    load = max(loads) if loads else None
+    return {name: med, f"{name}_spread": max([between, *own]), f"{name}_other_load": load,
+            f"{name}_contended": contended(load)}
+
+
+def speed_note(rows: list[dict], runs: list[Run]) -> str | None:
+    """One line when the speed columns cannot be compared, saying why; None when they can."""
+    from llmlab.perf import CONTENDED
+    why = []
+    busy = [r["group"] for r in rows if r.get("train_tokens_per_s_contended") or r.get("decode_tokens_per_s_contended")]
+    if busy:
+        why.append(f"{len(busy)} of {len(rows)} groups were timed while other work used more than "
+                   f"{CONTENDED:.0%} of the CPU (marked *)")
+    for key, what in (("device", "devices"), ("world_size", "process counts"), ("precision", "precisions"),
+                      ("decode_setting", "decode settings")):
+        seen = {json.dumps(r.summary.get(key), sort_keys=True) for r in runs if key in r.summary}
+        if len(seen) > 1:
+            why.append(f"the runs differ in {what}")
+    if not why:
+        return None
+    return "Speed columns are not comparable: " + "; ".join(why) + "."
 
 
 def pick_baseline(groups: list[Group], baseline: str | int | None) -> Group:
@@ -254,17 +332,38 @@ COLUMNS = ("group", "seeds", "val loss (95% CI)", "val loss @ matched tokens", "
 COMPARE_COLUMNS = ("group", "pairs", "Δ val loss vs baseline (95% CI)", "better / worse", "paired t p", "sign test p")
 
 
+def _speed(row: dict, name: str) -> str:
+    """``3,105 ±4%``, with ``*`` where it was timed under contention."""
+    value = row.get(name)
+    if value is None:
+        return "n/a"
+    spread = row.get(f"{name}_spread")
+    return (f"{value:,.0f}" + (f" ±{spread:.0%}" if spread else "")
+            + (" *" if row.get(f"{name}_contended") else ""))
+
+
 def table_rows(report: dict) -> list[list[str]]:
-    return [[r["group"], str(r["seeds"]), _pm(r["val_loss_mean"], r["val_loss_ci95"]),
+    return [[r["group"] + (" †" if r.get("caveats") else "") + (" ‡" if r.get("size_differs") else ""), str(r["seeds"]), _pm(r["val_loss_mean"], r["val_loss_ci95"]),
              _pm(r["val_loss_at_matched_mean"], r["val_loss_at_matched_ci95"]), _num(r["params"]),
              _num(None if r["flops_per_token"] is None else r["flops_per_token"] / 1e6, "{:,.2f}"),
-             _num(r["kv_cache_bytes_per_token"]), _num(r["train_tokens_per_s"]), _num(r["decode_tokens_per_s"])]
+             _num(r["kv_cache_bytes_per_token"]), _speed(r, "train_tokens_per_s"), _speed(r, "decode_tokens_per_s")]
             for r in report["groups"]]
 
 
 def compare_rows(report: dict) -> list[list[str]]:
     return [[c["group"], str(c["pairs"]), _pm(c["diff_mean"], c["diff_ci95"]), f"{c['better']} / {c['worse']}",
              _p(c["t_test_p"]), _p(c["sign_test_p"])] for c in report["comparisons"]]
+
+
+def notes(report: dict) -> list[str]:
+    """What the tables cannot be taken at face value for: † caveats of a variant at its size,
+    ‡ size differences, and speeds that cannot be compared."""
+    out = [f"† {r['group']}: {c}" for r in report["groups"] for c in r.get("caveats") or []]
+    if report.get("size_note"):
+        out.append("‡ " + report["size_note"])
+    if report.get("speed_note"):
+        out.append(report["speed_note"])
+    return out
 
 
 def markdown(report: dict, figure: str | None) -> str:
@@ -277,6 +376,10 @@ def markdown(report: dict, figure: str | None) -> str:
            f"Runs grouped by their overrides minus `seed`. Val loss: final validation loss, mean ± 95% CI "
            f"(Student t over seeds). Matched tokens: {_num(matched)} (the most every run reached).", ""]
     out += table(COLUMNS, table_rows(report))
+    out += ["", "Speeds: median over timings and seeds ± half their interquartile range (or half the range "
+            "between seeds, whichever is larger); * marks a figure timed while other work used the CPU."]
+    for line in notes(report):
+        out += ["", f"**{line}**"]
     out += ["", f"## Against the baseline: {report['baseline']}", "",
             f"Paired by seed; Δ < 0 means lower loss than the baseline. p-values need at least "
             f"{MIN_SEEDS_FOR_TESTS} seeds.", ""]
@@ -354,6 +457,8 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
 
     show.print(table(f"{plural(len(runs), 'run')} in {plural(len(result['groups']), 'group')} "
                      f"(val loss: mean ± 95% CI over seeds; matched tokens {matched})", COLUMNS, table_rows(result)))
+    for line in notes(result):
+        show.print(line, style="yellow")
     if result["comparisons"]:
         show.print(table(f"paired by seed against {result['baseline']}", COMPARE_COLUMNS, compare_rows(result)))
     console.out.print(f"report: {out / 'report.md'}" + (f", {out / 'report.png'}" if figure else ""))

@@ -108,6 +108,11 @@ class GroupedQueryAttention(nn.Module):
     def kv_heads_for(cfg, n_heads: int) -> int:
         return cfg.kv_heads
 
+    def caveat(self, d_model: int, max_seq_len: int) -> str | None:
+        """Why this kind, at these sizes, does not show what its name promises in a comparison
+        (None: nothing to say). Printed at the start of a run and marked in reports."""
+        return None
+
     # -- sizes -------------------------------------------------------------------------
     def qkv_sizes(self) -> list[int]:
         """Output widths of q, k and v inside ``qkv_proj``."""
@@ -228,6 +233,12 @@ class SlidingWindowAttention(GroupedQueryAttention):
     def window(self) -> int:
         return self.cfg.window
 
+    def caveat(self, d_model: int, max_seq_len: int) -> str | None:
+        if self.cfg.window >= max_seq_len:
+            return (f"attention.window={self.cfg.window} >= model.max_seq_len={max_seq_len}: every position sees "
+                    f"the whole context, so swa computes exactly what mha does")
+        return None
+
     def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0) -> RollingKVCache:
         return RollingKVCache(batch, self.kv_heads, min(self.cfg.window, max_len), self.head_dim, self.head_dim,
                               device, dtype, slack)
@@ -284,6 +295,14 @@ class MultiHeadLatentAttention(nn.Module):
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         return (self.cfg.kv_rank + self.cfg.rope_dim) * dtype_bytes
+
+    def caveat(self, d_model: int, max_seq_len: int) -> str | None:
+        latent, mha = self.cfg.kv_rank + self.cfg.rope_dim, 2 * d_model
+        if latent >= mha:
+            return (f"mla caches attention.kv_rank + attention.rope_dim = {latent} values per token and layer, "
+                    f"not fewer than mha's 2 x model.d_model = {mha}: at this width its latent saves no cache; "
+                    f"lower attention.kv_rank (and rope_dim) to compare like with like")
+        return None
 
     def flops_per_token(self, seq_len: int) -> int:
         return 6 * self.n_heads * seq_len * (self.qk_dim + self.cfg.v_dim)

@@ -239,6 +239,12 @@ class Transformer(nn.Module):
                            for blk in self.blocks])
 
     # -- the model card ----------------------------------------------------------------
+    def caveats(self) -> list[str]:
+        """What a comparison of this model should know (see the attention kinds' ``caveat``),
+        once per distinct message."""
+        seen = [blk.attn.caveat(self.spec.model.d_model, self.max_seq_len) for blk in self.blocks]
+        return list(dict.fromkeys(c for c in seen if c))
+
     def param_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.parameters())
         embedding = self.embed.weight.numel() + sum(p.numel() for p in self.pos.parameters())

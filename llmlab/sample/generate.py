@@ -160,20 +160,35 @@ def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token) -> tor
     return out
 
 
-def decode_speed(model, tokens: int = 64, prompt_id: int = 0, pack="auto") -> float:
-    """Greedy single-sequence decode rate with the KV cache, in tokens/s after the first
-    token (prefill and warm-up left out). ``tokens`` is capped by the context window."""
+def decode_setting(max_seq_len: int, prompt_tokens: int = 16, tokens: int = 48) -> dict[str, int]:
+    """The prompt length and new tokens a decode timing uses: as asked, or shorter where the
+    context window is (then the figure is not comparable with the others, and says so)."""
+    prompt = max(1, min(prompt_tokens, max_seq_len // 4))
+    return {"prompt_tokens": prompt, "tokens": max(2, min(tokens, max_seq_len - prompt)), "batch": 1}
+
+
+def decode_speed(model, prompt_tokens: int = 16, tokens: int = 48, repeats: int = 5, pack="auto"):
+    """Greedy decode rate with the KV cache, batch 1, after a ``prompt_tokens`` prompt: tokens/s
+    after the first new token (prefill and warm-up left out), timed ``repeats`` times, as a
+    `llmlab.perf.Rate` (median, spread, other load)."""
     import time
 
+    from llmlab.perf import other_load, rate, snapshot
+
     device = next(model.parameters()).device
-    tokens = max(2, min(tokens, model.max_seq_len - 1))
-    marks: list[float] = []
+    setting = decode_setting(model.max_seq_len, prompt_tokens, tokens)
+    prompt = (torch.arange(setting["prompt_tokens"], device=device) * 7 % model.embed.num_embeddings).unsqueeze(0)
+    rates: list[float] = []
+    start = snapshot()
+    for _ in range(repeats):
+        marks: list[float] = []
 
-    def on_token(_):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        marks.append(time.perf_counter())
+        def on_token(_):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            marks.append(time.perf_counter())
 
-    generate(model, torch.tensor([[prompt_id]], device=device),
-             SamplingConfig(max_new_tokens=tokens, temperature=0.0), on_token=on_token, pack=pack)
-    return (len(marks) - 1) / max(marks[-1] - marks[0], 1e-9)
+        generate(model, prompt, SamplingConfig(max_new_tokens=setting["tokens"], temperature=0.0),
+                 on_token=on_token, pack=pack)
+        rates.append((len(marks) - 1) / max(marks[-1] - marks[0], 1e-9))
+    return rate(rates, other_load(start, snapshot()))

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_length
@@ -22,7 +23,7 @@ from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import ModelSpec, Transformer
-from llmlab.sample.generate import SamplingConfig, decode_speed, generate
+from llmlab.sample.generate import SamplingConfig, decode_setting, decode_speed, generate
 from llmlab.files import RunLock, atomic_write_text, disk_error
 from llmlab.train.checkpoint import (Checkpoint, best_checkpoint, latest_in_run, load_checkpoint, load_weights,
                                      recover_checkpoints, save_checkpoint, unique_names)
@@ -31,7 +32,8 @@ from llmlab.train.distill import Distiller
 from llmlab.train.distributed import (any_rank, barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       gradient_sync, init_distributed, load_optimizer_state, mean, shutdown, wrap_model)
 from llmlab.train.loggers import LOGGER, JsonlWriter, NoLogger, SafeLogger
-from llmlab.train.mfu import device_peak_flops
+from llmlab.train.mfu import device_peak_flops, raise_device_peak
+from llmlab.perf import describe, other_load, rate, snapshot
 from llmlab.train.optim import build_optimizer
 from llmlab.train.schedule import SCHEDULE
 from llmlab.train.settings import check_train_config, run_id
@@ -44,7 +46,7 @@ def model_card(model: Transformer, seq_len: int, precision: str) -> dict[str, An
             "params_non_embedding": counts["non_embedding"], "params_active": counts["active"],
             "flops_per_token": model.flops_per_token(seq_len),
             "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(cache_bytes),
-            "kv_cache_dtype": "bf16" if precision == "bf16" else "fp32"}
+            "kv_cache_dtype": "bf16" if precision == "bf16" else "fp32", "caveats": model.caveats()}
 
 
 def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
@@ -62,6 +64,25 @@ def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
                       f"{card['flops_per_token'] / 1e6:.1f} MFLOPs/token (train); "
                       f"KV cache {card['kv_cache_bytes_per_token']:,} B/token ({card['kv_cache_dtype']})"
                       + (f", at most {spec.attention.window} positions" if hasattr(spec.attention, "window") else ""))
+
+
+# Decode speed in the summary: the same prompt length, new tokens and batch for every run (fewer
+# only where the context is shorter; the summary records the setting used).
+DECODE_SETTING = {"prompt_tokens": 16, "tokens": 48, "repeats": 5}
+
+
+def train_progress(out, total: int) -> Progress:
+    """The live bar: step N/M, elapsed time and the loss come first and keep their width (at
+    80 columns too); the time left and the rest of the status line take what is left and are
+    cut with an ellipsis. A log file gets a line per log step instead (see ``run``)."""
+    def keep(width: int) -> Column:
+        return Column(no_wrap=True, min_width=width)
+    return Progress(TextColumn("[bold]train", table_column=keep(5)), BarColumn(bar_width=8, table_column=keep(8)),
+                    MofNCompleteColumn(table_column=keep(2 * len(str(total)) + 1)),
+                    TimeElapsedColumn(table_column=keep(7)), TextColumn("{task.fields[loss]}", table_column=keep(10)),
+                    TimeRemainingColumn(table_column=Column(no_wrap=True, overflow="ellipsis")),
+                    TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+                    console=out, disable=not out.is_terminal)
 
 
 def run_training(cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False) -> dict[str, Any]:
@@ -137,6 +158,8 @@ class Trainer:
         self.model = model = Transformer(spec).to(device)
         self.card = model_card(model, block, self.precision)
         print_model_card(spec, self.card)
+        for caveat in self.card["caveats"]:
+            console.err.print(f"warning: {caveat}", style="yellow")
         self.weight_names = unique_names(model)
         self.ckpt = self._resume_checkpoint()
         if self.ckpt is not None:  # weights go in before FSDP shards them
@@ -166,10 +189,12 @@ class Trainer:
         self.previous: list[dict] = []  # metrics.jsonl records of the steps before a resume
         self.window: dict = {}  # the logging interval a checkpoint cut in two: losses summed so far
         self.warned_peak = False
+        self.window_loads: list[tuple[float, float]] = []  # (seconds, other load) of each timed log window
         if self.ckpt is not None:
             self._restore(self.ckpt)
         elif dist.is_main:  # records of an earlier start that saved no checkpoint are redone
-            JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", 0)
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                JsonlWriter.truncate_after(self.run_dir / name, 0)
         self.tokenizer = prepared.tokenizer()
         self.bytes_per_token_val = prepared.bytes_per_token("val")
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
@@ -241,6 +266,7 @@ class Trainer:
         self.window = ckpt.state.get("log_window") or {}
         if self.dist.is_main:  # the summary covers the steps before the resume too
             self.previous = JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", self.start_step)
+            JsonlWriter.truncate_after(self.run_dir / "samples.jsonl", self.start_step)
         console.out.print(f"resumed from {ckpt.path} at step {self.start_step}")
 
     # ---- checkpoints, eval ----------------------------------------------------------------
@@ -312,6 +338,7 @@ class Trainer:
         loop, dist, device = self.loop, self.dist, self.device
         main = dist.is_main
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl") if main else None
+        self.samples = JsonlWriter(self.run_dir / "samples.jsonl") if main else None  # the prompt completions
         self.logger = SafeLogger(LOGGER.build(self.job.logger if main else NoLogger.Config()))
         if main:
             (self.run_dir / "config.yaml").write_text(_yaml(self.cfg))
@@ -319,9 +346,7 @@ class Trainer:
                                              "world_size": dist.world_size})
         card, steps = self.card, self.steps
         # a log file gets a line per log step instead of a live bar (whose last frame rich would cut to 80 columns)
-        progress = Progress(SpinnerColumn(), TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                            TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console.out,
-                            disable=not console.out.is_terminal)
+        progress = train_progress(console.out, self.steps)
         history: list[dict[str, float]] = list(self.previous)
         tok_rates: list[float] = [h["perf/tokens_per_s"] for h in self.previous
                                   if "perf/tokens_per_s" in h and h["step"] > loop.log_every]
@@ -331,9 +356,9 @@ class Trainer:
         stop = StopRequest()
         self.model.train()
         with progress, stop:
-            task = progress.add_task("train", total=steps, status="", completed=done)
+            task = progress.add_task("train", total=steps, status="", loss="", completed=done)
             # a resume in mid-interval carries on the interval's sums, so its average covers it all
-            t_window, n_timed = time.perf_counter(), 0
+            t_window, n_timed, cpu_window = time.perf_counter(), 0, snapshot()
             loss_acc = torch.tensor(float(self.window.get("loss", 0.0)), device=device)
             n_acc = int(self.window.get("micro", 0))
             extra_acc: dict[str, Any] = {k: float(v) for k, v in (self.window.get("extra") or {}).items()}
@@ -352,32 +377,37 @@ class Trainer:
                 if done % loop.log_every == 0 or done == steps:
                     synchronize(device)
                     dt = time.perf_counter() - t_window
+                    cpu_now = snapshot()
+                    load = other_load(cpu_window, cpu_now)
                     tok_s = n_timed * self.tokens_per_step / dt
                     if step >= loop.log_every:  # the first window includes warm-up and compilation
                         tok_rates.append(tok_s)
+                        if load is not None:
+                            self.window_loads.append((dt, load))
+                    if card["flops_per_token"] * tok_s > self.peak:
+                        self._peak_exceeded(card["flops_per_token"] * tok_s)
                     record = {"step": done, "train/loss": float(mean(loss_acc, dist)) / n_acc, "train/lr": lr,
                               "train/grad_norm": float(grad_norm), "train/tokens": self.tokens_seen,
                               "perf/tokens_per_s": tok_s, "perf/mfu": card["flops_per_token"] * tok_s / self.peak,
+                              **({"perf/other_load": load} if load is not None else {}),
                               **{f"perf/{k}": v for k, v in memory_stats(device).items()},
                               **{k: float(mean(torch.as_tensor(v, device=device), dist)) / n_acc
                                  for k, v in sorted(extra_acc.items())}}
                     check_finite(record["train/loss"], done, ckpt_path)
-                    if record["perf/mfu"] > 1 and main and not self.warned_peak:
-                        self.warned_peak = True
-                        hint = (f"; the measured peak is kept in {cache_root() / 'peak.json'}: delete it to "
-                                "measure again on an idle machine" if "measured" in self.peak_source else "")
-                        console.err.print(f"MFU is above 100%: this run reaches more than the reference peak "
-                                          f"({self.peak / 1e9:,.0f} GFLOP/s, {self.peak_source}){hint}", style="yellow")
                     history.append(record)
                     if main:
                         self.metrics.write(record)
                     self.logger.log({k: v for k, v in record.items() if k != "step"}, done)
                     status = (f"loss {record['train/loss']:.3f}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
                               f"{tok_s:,.0f} tok/s  MFU {record['perf/mfu']:.1%}")
-                    progress.update(task, status=status)
+                    progress.update(task, loss=f"loss {record['train/loss']:.3f}",
+                                    status=status.split("  ", 1)[1])  # the loss has its own column
                     if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar
                         progress.console.print(f"step {done:>6}/{steps}  {status}")
+                    else:  # the run's log file gets it all the same
+                        console.keep(f"step {done:>6}/{steps}  {status}")
                     t_window, loss_acc, n_acc, n_timed = time.perf_counter(), torch.zeros((), device=device), 0, 0
+                    cpu_window = snapshot()
                     extra_acc = {}
 
                 if not stop.requested:
@@ -405,6 +435,8 @@ class Trainer:
                                            f"ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}{agree}")
                     for prompt, text in samples:
                         progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
+                        if main:
+                            self.samples.write({"step": done, "prompt": prompt, "completion": text})
                     t_window += time.perf_counter() - t_eval  # eval time is not training throughput
                 if (loop.ckpt_every and done % loop.ckpt_every == 0) or is_last or stop.requested:
                     check_finite(float(mean(step_loss, dist)), done, ckpt_path)  # never save a diverged model
@@ -473,10 +505,13 @@ class Trainer:
         last_val, card = self.last_val, self.card
         train_losses = [h["train/loss"] for h in history if "train/loss" in h]
         val_losses = [h["val/loss"] for h in history if "val/loss" in h]
-        rate = statistics.median(tok_rates) if tok_rates else next(
-            (h["perf/tokens_per_s"] for h in reversed(history) if "perf/tokens_per_s" in h), 0.0)
+        loads = self.window_loads
+        load = sum(t * x for t, x in loads) / sum(t for t, _ in loads) if loads else None
+        speed = rate(tok_rates, load) if tok_rates else rate([next(
+            (h["perf/tokens_per_s"] for h in reversed(history) if "perf/tokens_per_s" in h), 0.0)], load)
+        rate_ = speed.median
         # decode speed for the cost card; all ranks take part (FSDP needs every rank in a forward)
-        decode = decode_speed(self.model) if self.model.objective.causal else None
+        decode = decode_speed(self.model, **DECODE_SETTING) if self.model.objective.causal else None
         summary = {
             "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
             "tokens": self.tokens_seen, "elapsed_s": round(elapsed, 2),
@@ -488,10 +523,12 @@ class Trainer:
             "best_val_loss": min(val_losses + ([last_val["val/loss"]] if "val/loss" in last_val else []), default=None),
             "interrupted": stopped_by is not None,
             "stopped_by": stopped_by,  # SIGINT, SIGTERM, another rank, train.max_steps=N or train.max_time=Ns
-            "tokens_per_s": rate,
+            **speed.as_dict("tokens_per_s"),  # median over log windows, spread, count, other load
             "tokens_per_s_mean": statistics.fmean(tok_rates) if tok_rates else None,
-            "mfu": card["flops_per_token"] * rate / self.peak,
-            "decode_tokens_per_s": decode,
+            "mfu": card["flops_per_token"] * rate_ / self.peak,
+            **(decode.as_dict("decode_tokens_per_s") if decode is not None else {"decode_tokens_per_s": None}),
+            "decode_setting": decode_setting(self.block, DECODE_SETTING["prompt_tokens"], DECODE_SETTING["tokens"])
+            if decode is not None else None,
             "seed": self.job.seed,
             **({"teacher": str(self.distiller.path), "teacher_agreement": last_val.get("val/teacher_agreement"),
                 "teacher_kl": last_val.get("val/teacher_kl")} if self.distiller is not None else {}),
@@ -506,16 +543,34 @@ class Trainer:
         bpb = f" ({summary['val_bpb']:.3f} bits/byte)" if summary["val_bpb"] is not None else ""
         val = f"{summary['val_loss']:.4f}" if summary["val_loss"] is not None else "n/a"
         console.out.print(f"done: {done} steps in {elapsed / 60:.1f} min; val loss {val}{bpb}; "
-                          f"{summary['tokens_per_s']:,.0f} tok/s, MFU {summary['mfu']:.1%}", style="green")
+                          f"{describe(speed)}, MFU {summary['mfu']:.1%}", style="green")
         console.out.print(f"checkpoint: {ckpt_path}")
         return summary
+
+    def _peak_exceeded(self, achieved: float) -> None:
+        """The run reaches more FLOP/s than the reference peak. A measured peak was taken too
+        low (under contention): measure again and raise it, so MFU stays at or under 100%. A
+        data sheet's peak is not raised: then the FLOPs count is wrong, and one warning says so."""
+        world = self.dist.world_size
+        raised = raise_device_peak(self.device, self.precision, achieved / world)
+        if raised is not None:
+            old, self.peak = self.peak, raised * world
+            self.peak_source = "re-measured" if raised * world > achieved else "raised to what this run reached"
+            console.err.print(f"MFU: the reference peak ({old / 1e9:,.1f} GFLOP/s) was below what this run reaches "
+                              f"({achieved / 1e9:,.1f}); it was measured under load. Now {self.peak / 1e9:,.1f} "
+                              f"GFLOP/s ({self.peak_source}), kept in {cache_root() / 'peak.json'}", style="yellow")
+        elif not self.warned_peak and self.dist.is_main:
+            self.warned_peak = True
+            console.err.print(f"MFU is above 100%: this run reaches more than the reference peak "
+                              f"({self.peak / 1e9:,.0f} GFLOP/s, {self.peak_source})", style="yellow")
 
     def close(self, clean: bool = True) -> None:
         """Flush and release everything the run holds. ``clean``: every rank got here the
         normal way, so they can meet at a barrier before the process group goes (after an
         error another rank may never arrive)."""
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.close()
+        for name in ("metrics", "samples"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
         if getattr(self, "logger", None) is not None:
             self.logger.finish()
         if hasattr(self, "_quiet_before"):

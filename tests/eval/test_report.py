@@ -79,7 +79,11 @@ def test_markdown_and_curves(sweep):
     runs = find_runs([sweep])
     report = build_report(runs)
     md = markdown(report, "report.png")
-    assert "| model/attention=mqa | 3 | 3.2167 ± " in md and "![validation loss curves](report.png)" in md
+    assert "| model/attention=mqa ‡ | 3 | 3.2167 ± " in md and "![validation loss curves](report.png)" in md
+    # 900 against the baseline's 1,000 parameters: the loss difference is partly a size difference
+    assert report["size_note"] == ("Sizes differ from the baseline's by more than 5%, so a loss difference is partly "
+                                   "a size difference: model/attention=mqa (params -10%).")
+    assert "**‡ " + report["size_note"] + "**" in md
     c = curves(runs)["model/attention=mha"]
     assert c["x"] == [1000, 2000, 2500]  # up to where every run of the group has a curve
     assert c["lo"][-1] == pytest.approx(3.00) and c["hi"][-1] == pytest.approx(3.20 + 0.25)
@@ -124,3 +128,68 @@ def test_piped_tables_are_printed_whole(sweep, tmp_path):
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if "model/attention=mqa" in line and "3.2167" in line)
     assert "3.2167 ± " in row and "…" not in r.stdout
+
+
+def test_speeds_carry_their_spread_and_a_contended_group_is_marked(sweep):
+    """Each run's speed comes with its spread and the other load while it was timed; a group
+    timed under contention is starred, and one line says the columns cannot be compared."""
+    for d in sorted(sweep.iterdir()):
+        s = json.loads((d / "summary.json").read_text())
+        busy = "mqa" in d.name
+        s.update(tokens_per_s_spread=0.03, tokens_per_s_other_load=0.6 if busy else 0.02,
+                 decode_tokens_per_s_spread=0.01, decode_tokens_per_s_other_load=0.02,
+                 decode_setting={"prompt_tokens": 16, "tokens": 48, "batch": 1})
+        (d / "summary.json").write_text(json.dumps(s))
+    report = build_report(find_runs([sweep]))
+    groups = {g["group"]: g for g in report["groups"]}
+    mha, mqa = groups["model/attention=mha"], groups["model/attention=mqa"]
+    assert mha["train_tokens_per_s_spread"] == pytest.approx(0.03)  # runs' own spread > between seeds (1%)
+    assert not mha["train_tokens_per_s_contended"] and mqa["train_tokens_per_s_contended"]
+    assert mqa["train_tokens_per_s_other_load"] == 0.6
+    assert report["speed_note"] == ("Speed columns are not comparable: 1 of 2 groups were timed while other "
+                                    "work used more than 15% of the CPU (marked *).")
+    md = markdown(report, None)
+    assert "| 101 ±3% | 50 ±1% |" in md and "| 101 ±3% * | 50 ±1% |" in md and report["speed_note"] in md
+
+
+def test_speeds_of_runs_on_different_devices_or_decode_settings_are_not_compared(sweep):
+    for i, d in enumerate(sorted(sweep.iterdir())):
+        s = json.loads((d / "summary.json").read_text())
+        s.update(device="cuda:0" if i == 0 else "cpu",
+                 decode_setting={"prompt_tokens": 16, "tokens": 48 if i else 12, "batch": 1})
+        (d / "summary.json").write_text(json.dumps(s))
+    note = build_report(find_runs([sweep]))["speed_note"]
+    assert note == "Speed columns are not comparable: the runs differ in devices; the runs differ in decode settings."
+    for d in sweep.iterdir():  # the same everywhere, and no load known (not Linux): nothing to say
+        s = json.loads((d / "summary.json").read_text())
+        s.update(device="cpu", decode_setting={"prompt_tokens": 16, "tokens": 48, "batch": 1})
+        (d / "summary.json").write_text(json.dumps(s))
+    assert build_report(find_runs([sweep]))["speed_note"] is None
+
+
+def test_a_variants_caveat_is_marked_in_the_report(sweep):
+    """A caveat a run's model card carries (swa with a window as long as the context) marks
+    its group with † and is written out under the table."""
+    caveat = "attention.window=256 >= model.max_seq_len=256: every position sees the whole context"
+    for d in sweep.iterdir():
+        if "mqa" in d.name:
+            s = json.loads((d / "summary.json").read_text())
+            (d / "summary.json").write_text(json.dumps({**s, "caveats": [caveat]}))
+    report = build_report(find_runs([sweep]))
+    md = markdown(report, None)
+    assert "| model/attention=mqa † ‡ |" in md and f"**† model/attention=mqa: {caveat}**" in md
+    assert "| model/attention=mha |" in md
+
+
+def test_separate_runs_are_labelled_by_what_they_compute_and_the_first_given_is_the_baseline(tmp_path):
+    """Watch-only overrides (logger, log interval, sample length, device) are no part of a
+    label, as they are no part of the run id; the baseline is the first run named."""
+    zeta = fake_run(tmp_path, "zeta", "mqa", 0, 3.0)
+    alpha = fake_run(tmp_path, "alpha", "mha", 0, 3.1)
+    (zeta / ".hydra" / "overrides.yaml").write_text(
+        "- model/attention=mqa\n- logger=none\n- train.log_every=5\n- train.sample_tokens=8\n- device=cpu\n")
+    (alpha / ".hydra" / "overrides.yaml").write_text("- model/attention=mha\n- train.log_every=50\n")
+    report = build_report(find_runs([zeta, alpha]))
+    assert [g["group"] for g in report["groups"]] == ["model/attention=mqa", "model/attention=mha"]
+    assert report["baseline"] == "model/attention=mqa"
+    assert build_report(find_runs([alpha, zeta]))["baseline"] == "model/attention=mha"

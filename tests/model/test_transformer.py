@@ -311,3 +311,25 @@ def test_training_forward_compiles_to_one_graph(attn, pos):
     explained = torch._dynamo.explain(model)(x, x)
     assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+def test_a_window_as_long_as_the_context_is_a_caveat_and_equals_mha():
+    """swa with window >= context is the same computation as mha (identical logits), and the
+    model says so; a shorter window differs and says nothing."""
+    x = torch.randint(0, 97, (2, 32))
+    mha = tiny_model(attention={"kind": "mha"})
+    full = tiny_model(attention={"kind": "swa", "window": 32})
+    short = tiny_model(attention={"kind": "swa", "window": 8})
+    assert mha.caveats() == [] and short.caveats() == []
+    [caveat] = full.caveats()
+    assert caveat.startswith("attention.window=32 >= model.max_seq_len=32") and "exactly what mha does" in caveat
+    assert torch.equal(full(x).logits, mha(x).logits) and not torch.allclose(short(x).logits, mha(x).logits)
+
+
+def test_mla_says_when_its_latent_caches_no_less_than_mha():
+    """kv_rank + rope_dim against mha's 2 x d_model values per token and layer."""
+    at_64 = tiny_model(attention={"kind": "mla", "kv_rank": 96, "rope_dim": 32}, d_model=64)
+    assert at_64.kv_cache_bytes_per_token(2) == tiny_model(attention={"kind": "mha"}, d_model=64).kv_cache_bytes_per_token(2)
+    [caveat] = at_64.caveats()
+    assert "= 128 values per token and layer, not fewer than mha's 2 x model.d_model = 128" in caveat
+    assert tiny_model(attention={"kind": "mla", "kv_rank": 96, "rope_dim": 32}, d_model=128).caveats() == []

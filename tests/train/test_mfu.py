@@ -50,10 +50,42 @@ def test_the_cpu_probe_runs_once_per_machine_and_is_cached_on_disk(tmp_path, mon
     from llmlab.train import mfu
     monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
     calls = []
-    monkeypatch.setattr(mfu, "_probe", lambda *a: calls.append(a) or 1.5e11)
+    monkeypatch.setattr(mfu, "_probe", lambda *a: calls.append(a) or (1.5e11, 0.01, 0.02))
     mfu.measured_matmul_peak.cache_clear()
-    assert mfu.measured_matmul_peak("cpu") == 1.5e11
+    assert mfu.measured_matmul_peak("cpu") == (1.5e11, "measured now")
     mfu.measured_matmul_peak.cache_clear()  # a new process
-    assert mfu.measured_matmul_peak("cpu") == 1.5e11 and len(calls) == 1
-    assert list(json.loads((tmp_path / "peak.json").read_text()).values()) == [1.5e11]
+    assert mfu.measured_matmul_peak("cpu") == (1.5e11, "cached") and len(calls) == 1
+    [entry] = json.loads((tmp_path / "peak.json").read_text()).values()
+    assert entry["flops"] == 1.5e11 and entry["other_load"] == 0.02
+    mfu.measured_matmul_peak.cache_clear()
+
+
+@pytest.mark.parametrize("spread,load", [(0.01, 0.6), (0.3, 0.0)])
+def test_a_probe_taken_under_contention_is_not_kept(tmp_path, monkeypatch, spread, load):
+    """A probe while other work ran (high other load, or rounds that disagree) serves its run
+    only; the next run measures again instead of inheriting a low peak for good."""
+    from llmlab.train import mfu
+    monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(mfu, "_probe", lambda *a: (4.9e10, spread, load))
+    mfu.measured_matmul_peak.cache_clear()
+    peak, note = mfu.measured_matmul_peak("cpu")
+    assert peak == 4.9e10 and "under contention" in note and "not kept" in note
+    assert not (tmp_path / "peak.json").exists()
+    mfu.measured_matmul_peak.cache_clear()
+
+
+def test_a_run_faster_than_the_peak_raises_it(tmp_path, monkeypatch):
+    """A stale low peak in the cache (49 GFLOP/s from a probe under load) and a run that
+    reaches 120: the probe runs again and the cache keeps the highest of the three."""
+    from llmlab.train import mfu
+    monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
+    mfu.measured_matmul_peak.cache_clear()
+    key = mfu._peak_key("cpu", torch.float32, 1024)
+    (tmp_path / "peak.json").write_text(json.dumps({key: {"flops": 4.9e10}}))
+    monkeypatch.setattr(mfu, "_probe", lambda *a: (1.1e11, 0.01, 0.0))
+    assert mfu.raise_peak("cpu", torch.float32, achieved=1.2e11) == 1.2e11  # the run beat the probe
+    assert json.loads((tmp_path / "peak.json").read_text())[key]["source"] == "reached by a run"
+    assert mfu.measured_matmul_peak("cpu") == (1.2e11, "cached")
+    monkeypatch.setattr(mfu, "_probe", lambda *a: (1.5e11, 0.01, 0.0))
+    assert mfu.raise_peak("cpu", torch.float32, achieved=1.3e11) == 1.5e11
     mfu.measured_matmul_peak.cache_clear()
