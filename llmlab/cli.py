@@ -7,6 +7,7 @@ impossible combination stops at once with one line naming the key and what is al
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import itertools
@@ -259,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
+    if {"--help", "-h"} & set(rest):
+        sys.stdout.write(command_help(command))
+        return
     preflight(command, rest)
     rest = name_sweep_runs_by_swept_keys(rest)
     if command == "train":
@@ -287,6 +291,51 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if worker:
         leave_without_finalizing(0)
+
+
+def command_help(command: str) -> str:
+    """A command's ``--help``: its own config groups (with each option's first comment line)
+    and its own settings as its YAML file writes them, comments included. Hydra's help lists
+    every group under conf/, which the other commands then reject."""
+    import yaml
+
+    path = conf_dir() / f"{command}.yaml"
+    text = path.read_text()
+    doc = yaml.safe_load(text) or {}
+    help_cfg = (doc.get("hydra") or {}).get("help") or {}
+    groups = []
+    for entry in doc.get("defaults") or []:
+        if isinstance(entry, dict):
+            groups += [str(k).split("@")[0].lstrip("/") for k in entry if not str(k).startswith("override")]
+    out = [help_cfg.get("header", f"llmlab {command}\n").rstrip("\n"), ""]
+    if groups:
+        out += ["== Config groups (group=option) =="]
+        for group in groups:
+            for sub in [group] + sorted(d.relative_to(conf_dir()).as_posix() for d in (conf_dir() / group).iterdir()
+                                        if d.is_dir()):
+                options = sorted((conf_dir() / sub).glob("*.yaml"))
+                out.append(f"{sub}: {', '.join(o.stem for o in options)}")
+                for o in options:
+                    first = next((line[1:].strip() for line in o.read_text().splitlines()
+                                  if line.startswith("#") and not line[1:].strip().startswith("@")), "")
+                    out.append(f"  {o.stem:<14} {first}".rstrip())
+        out.append("")
+    out += ["== Settings (key=value) ==", *_settings_text(text), ""]
+    out.append(help_cfg.get("footer", "").rstrip("\n"))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _settings_text(text: str) -> list[str]:
+    """The YAML's own lines, comments kept, without its ``defaults:`` and ``hydra:`` blocks."""
+    lines, skipping = [], False
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            skipping = line.split(":")[0] in ("defaults", "hydra")
+        if not skipping:
+            lines.append(line)
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return lines
 
 
 def leave_without_finalizing(code) -> NoReturn:
@@ -414,7 +463,13 @@ def hydra_app(command: str, body: Callable) -> Callable:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf
 
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        guarded(body)(OmegaConf.to_container(cfg, resolve=True), run_dir)
+        from llmlab import console
+
+        hc = HydraConfig.get()
+        run_dir = Path(hc.runtime.output_dir)
+        # the job's log (Hydra's <command>.log) keeps what the command prints, not just log records
+        log = run_dir / f"{hc.job.name}.log" if hc.job_logging and hc.job_logging.get("handlers") else None
+        with console.keeping(log) if log is not None else contextlib.nullcontext():
+            guarded(body)(OmegaConf.to_container(cfg, resolve=True), run_dir)
 
     return app

@@ -42,10 +42,18 @@ def test_unknown_command_prints_usage_and_exits_2(tmp_path):
     assert "unknown command 'trian'" in r.stderr and "usage: llmlab" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_command_help_is_hydras(tmp_path):
+def test_each_commands_help_lists_its_own_groups_and_settings_with_their_comments(tmp_path):
     r = run_cli("train", "--help", cwd=tmp_path)
     assert r.returncode == 0
     assert "llmlab train" in r.stdout and "model/attention: gqa, mha, mla, mqa, swa" in r.stdout
+    assert "  adamw          AdamW with decoupled weight decay" in r.stdout  # an option's own comment
+    assert "  log_every: 10" in r.stdout and "batch_tokens: null # tokens per optimizer step" in r.stdout
+    for command, own, foreign in (("eval", "data: hf, pysource, text", "optim:"), ("sample", "temperature", "model:"),
+                                  ("report", "baseline", "data:"), ("export", "ckpt", "optim:"),
+                                  ("tokenize", "tokenizer: bpe, byte, pretrained", "model:")):
+        r = run_cli(command, "--help", cwd=tmp_path)
+        assert r.returncode == 0 and f"llmlab {command}" in r.stdout and own in r.stdout, command
+        assert foreign not in r.stdout and "hydra:" not in r.stdout, command
 
 
 def test_cfg_job_shows_the_composed_config(tmp_path):
@@ -142,6 +150,12 @@ def test_train_writes_a_run_directory(trained):
     assert counts.tolist() == np.bincount(train_ids, minlength=meta["vocab_size"]).tolist()
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()
     assert "data:" in (run / "config.yaml").read_text()
+    # what it printed is kept in its log, and the prompt completions in samples.jsonl
+    log = (run / "train.log").read_text()
+    assert "done: 6 steps" in log and "step      6  val loss" in log and "params" in log
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in samples} == {3, 6} and all(r["prompt"] and "completion" in r for r in samples)
+    assert f"{samples[-1]['prompt']!r} -> {samples[-1]['completion'][:120]!r}" in result.stdout
 
 
 def test_sample_streams_text_from_a_run_dir(trained):
@@ -238,6 +252,7 @@ def test_eval_reports_loss_ppl_and_bpb(trained):
     # byte tokenizer: one token per byte (plus separators), so bpb is close to loss / ln 2
     assert res["bpb"] == pytest.approx(res["loss"] / math.log(2), rel=0.05)
     assert "bits/byte" in r.stdout
+    assert "bits/byte" in (root / "outputs" / "ev" / "eval.log").read_text()  # kept, not an empty log
 
 
 def test_eval_a_text_file(trained):
