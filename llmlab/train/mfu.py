@@ -58,6 +58,7 @@ def apple_gpu_peak(brand: str, gpu_cores: int | None) -> float | None:
     return APPLE_GFLOPS_PER_CORE[m.group(1)] * gpu_cores
 
 
+@lru_cache(maxsize=None)  # asked once a process: it runs system_profiler
 def _apple_chip() -> tuple[str, int | None]:
     import subprocess
     try:
