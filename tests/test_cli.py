@@ -2,6 +2,7 @@
 whole tokenize -> train -> sample -> eval run on a small corpus."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -483,7 +484,7 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     import sys
     import time
 
-    from llmlab.train.checkpoint import list_checkpoints, load_checkpoint
+    from llmlab.train.checkpoint import completeness, list_checkpoints, load_checkpoint
     from tests.conftest import REPO, SAMPLE_TEXTS
     (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
     env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
@@ -505,7 +506,11 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     for path in found:  # whatever is visible is complete
         ckpt = load_checkpoint(path)
         assert ckpt.trainer_state()["optimizer"]["state"]
-    last = int(found[-1].name.split("_")[1])
+    # A kill between a save's last write and its rename leaves a complete copy under a temporary
+    # name; the next run puts it in place and resumes from it.
+    pending = [int(re.search(r"step_(\d+)", p.name).group(1)) for p in root.iterdir()
+               if p.name.startswith((".tmp-", ".old-")) and completeness(p) is None]
+    last = max([int(found[-1].name.split("_")[1]), *pending])
     logged = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if line.endswith("}")]
     assert max(logged) - last < 3 + 1  # at most the steps since the last checkpoint are lost
@@ -513,7 +518,7 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     again = subprocess.run([*cmd, f"train.max_steps={last + 2}"], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert f"resumed from {found[-1]} at step {last}" in again.stdout
+    assert f"resumed from {root / f'step_{last:06d}'} at step {last}" in again.stdout
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, last + 3))  # the lost steps were trained again, each logged once
     assert not list(root.glob(".tmp-*"))  # a save cleans up what a killed save left
