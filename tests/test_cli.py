@@ -509,7 +509,7 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     # A kill between a save's last write and its rename leaves a complete copy under a temporary
     # name; the next run puts it in place and resumes from it.
     pending = [int(re.search(r"step_(\d+)", p.name).group(1)) for p in root.iterdir()
-               if p.name.startswith((".tmp-", ".old-")) and completeness(p) is None]
+               if p.name.startswith((".tmp-", ".old-")) and completeness(p, legacy=p.name.startswith(".old-")) is None]
     last = max([int(found[-1].name.split("_")[1]), *pending])
     logged = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
               if line.endswith("}")]

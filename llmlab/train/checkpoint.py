@@ -135,12 +135,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def completeness(path: Path) -> str | None:
+def completeness(path: Path, legacy: bool = True) -> str | None:
     """None when ``path`` is a complete checkpoint, else what is wrong. Complete means: the
     manifest, written last, lists files that are all there at their recorded sizes.
-    Checkpoints from before manifests count when every required file is there."""
+    Checkpoints from before manifests count when every required file is there (``legacy``);
+    a save's temporary directory never does, since a save killed while copying its last
+    required file leaves every name in place with less than its content."""
     path = Path(path)
     manifest = path / MANIFEST
+    if not manifest.is_file() and not legacy:
+        return "no manifest.json: its save did not finish"
     if not manifest.is_file():
         missing = [f for f in REQUIRED if not (path / f).is_file()]
         return f"no manifest.json, and missing {', '.join(missing)}" if missing else None
@@ -172,7 +176,7 @@ def recover_checkpoints(ckpt_root: Path) -> list[str]:
                        key=lambda p: (not p.name.startswith(TMP), -p.stat().st_mtime))  # the newer copy first
     for p in leftovers:
         m = re.search(r"(step_\d+)", p.name)
-        if m and completeness(p) is None:
+        if m and completeness(p, legacy=not p.name.startswith(TMP)) is None:
             target = ckpt_root / m.group(1)
             if not target.exists() or completeness(target) is not None:
                 if target.exists():

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,6 +128,21 @@ def test_a_resave_killed_at_each_moment_is_recovered(tmp_path, tokenizer_file, m
     assert done and [p.name for p in list_checkpoints(root)] == ["step_000060"]
     weights = load_checkpoint(root / "step_000060").weights["embed.weight"]
     assert torch.equal(weights, old_weights) == (moment == "before the manifest")
+
+
+def test_a_save_killed_while_copying_its_last_file_is_not_restored(tmp_path, tokenizer_file):
+    """Killed inside the tokenizer copy, a save's temporary directory holds every required
+    name, the last one short, and no manifest: the next run must not take it for a
+    checkpoint from before manifests, and resumes from the last complete one instead."""
+    root = tmp_path / "checkpoints"
+    first = save(root, 10, tokenizer_file)
+    cut = root / ".tmp-deadhost-1-step_000020-x"
+    shutil.copytree(first, cut)
+    (cut / "manifest.json").unlink()
+    (cut / "tokenizer.json").write_text("")
+    done = recover_checkpoints(root)
+    assert done == ["removed the leftover .tmp-deadhost-1-step_000020-x"]
+    assert list_checkpoints(root) == [first]
 
 
 def test_completeness_is_decided_by_the_manifest(tmp_path, tokenizer_file):
