@@ -47,6 +47,26 @@ def conf_dir() -> Path:
     raise RuntimeError("llmlab's conf/ directory is missing from this installation")
 
 
+# The modules whose registries fill Hydra's ConfigStore with the config groups' options
+# (the Config dataclasses are the schema): imported before any config is composed.
+PART_MODULES = ("llmlab.train.settings", "llmlab.eval.analysis")
+
+
+def register_parts() -> None:
+    for name in PART_MODULES:
+        importlib.import_module(name)
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: YAML files under conf/ and registered Config dataclasses."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_parts()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+
+
 def fail(message: str, code: int = 1) -> None:
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
     sys.stderr.write(f"llmlab: error: {first}\n")
@@ -154,36 +174,37 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
 
 
 def _explain(err: Exception, overrides: list[str], compose) -> str:
-    """One line for a Hydra composition error: the key and what is allowed."""
-    from omegaconf import DictConfig, OmegaConf
+    """One line for a Hydra composition error, from the exception's own fields: an unknown
+    option with the group's options, an unknown key with the keys its schema allows, a value
+    of the wrong type with the type expected."""
+    import dataclasses
 
-    msg = str(err)
-    m = re.search(r"Could not find '([^']+)'", msg)
-    if m:
-        group, _, option = m.group(1).rpartition("/")
-        options = re.findall(r"^\t(\S+)$", msg.split("Config search path")[0], flags=re.M)
-        allowed = ", ".join(options) if options else "(none)"
-        return f"{group}={option}: unknown option; allowed: {allowed}"
-    m = re.search(r"Could not (?:override|delete) '([^']+)'", msg) or re.search(r"full_key: (\S+)", msg)
-    if m:
-        key = m.group(1)
+    from hydra.errors import MissingConfigException
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    from llmlab.registry import omegaconf_error
+
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: unknown option; allowed: {', '.join(err.options or []) or '(none)'}"
+    cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
+    if not isinstance(cause, OmegaConfBaseException):
+        return str(err).strip().splitlines()[0]
+    key = str(getattr(cause, "full_key", "") or "")
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and not dataclasses.is_dataclass(cause.object_type):
+        # a plain mapping (Hydra's own settings): its keys, as composed without the bad override
         others = [o for o in overrides if o.lstrip("+~").split("=")[0] != key]
         try:
             cfg = compose(others)
         except Exception:
             cfg = None
-        parent, _, leaf = key.rpartition(".")
+        parent = key.rpartition(".")[0]
         node = OmegaConf.select(cfg, parent) if (cfg is not None and parent) else cfg
         if isinstance(node, DictConfig):
             where = f"under '{parent}'" if parent else "at the top level"
             return f"{key}: unknown key; allowed {where}: {', '.join(map(str, node.keys()))}"
-        return f"{key}: unknown key ({msg.splitlines()[0]})"
-    cause = err.__cause__
-    if msg.startswith("Error merging override") and cause is not None and str(cause).strip():
-        # "Error merging override hydra.job.chdir=maybe" says where; its cause says what is wrong
-        key = re.search(r"full_key: (\S+)", str(cause))
-        return f"{key.group(1) + ': ' if key else ''}{str(cause).strip().splitlines()[0]}"
-    return msg.strip().splitlines()[0]
+    return str(omegaconf_error(cause))
 
 
 def preflight(command: str, args: list[str]) -> None:
@@ -260,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
+    register_parts()
     if {"--help", "-h"} & set(rest):
         sys.stdout.write(command_help(command))
         return
@@ -294,13 +316,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def command_help(command: str) -> str:
-    """A command's ``--help``: its own config groups (with each option's first comment line)
-    and its own settings as its YAML file writes them, comments included. Hydra's help lists
-    every group under conf/, which the other commands then reject."""
+    """A command's ``--help``: its own config groups, each option with its one-line description
+    (a registered part's docstring, a preset's first comment), and its own settings with their
+    defaults and comments. Hydra's help lists every group, which the other commands reject."""
     import yaml
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
-    path = conf_dir() / f"{command}.yaml"
-    text = path.read_text()
+    from llmlab.registry import Registry, defaults_text
+
+    text = (conf_dir() / f"{command}.yaml").read_text()
     doc = yaml.safe_load(text) or {}
     help_cfg = (doc.get("hydra") or {}).get("help") or {}
     groups = []
@@ -310,19 +335,40 @@ def command_help(command: str) -> str:
     out = [help_cfg.get("header", f"llmlab {command}\n").rstrip("\n"), ""]
     if groups:
         out += ["== Config groups (group=option) =="]
-        for group in groups:
-            for sub in [group] + sorted(d.relative_to(conf_dir()).as_posix() for d in (conf_dir() / group).iterdir()
-                                        if d.is_dir()):
-                options = sorted((conf_dir() / sub).glob("*.yaml"))
-                out.append(f"{sub}: {', '.join(o.stem for o in options)}")
-                for o in options:
-                    first = next((line[1:].strip() for line in o.read_text().splitlines()
-                                  if line.startswith("#") and not line[1:].strip().startswith("@")), "")
-                    out.append(f"  {o.stem:<14} {first}".rstrip())
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            loader = GlobalHydra.instance().config_loader()
+            for group in groups:
+                for sub in [group] + sorted(f"{group}/{g}" for g in loader.list_groups(group)):
+                    options = sorted(loader.get_group_options(sub))
+                    out.append(f"{sub}: {', '.join(options)}")
+                    for o in options:
+                        registry = Registry.by_group.get(sub)
+                        out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
+                        settings = defaults_text(registry.get(o).Config, registry.kind_key) if registry and o in registry else ""
+                        if settings:
+                            out.append(f"  {'':<14}   {settings}")
         out.append("")
-    out += ["== Settings (key=value) ==", *_settings_text(text), ""]
+    settings = getattr(importlib.import_module(f"llmlab.commands.{command}"), "help_settings", None)
+    out += ["== Settings (key=value) ==", *(settings() if settings else _settings_text(text)), ""]
     out.append(help_cfg.get("footer", "").rstrip("\n"))
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _option_line(group: str, option: str, registry) -> str:
+    """One option's description: a registered part's docstring, else its YAML's first comment."""
+    from llmlab.registry import Registry, doc_line, first_sentence
+
+    if registry is not None and option in registry:
+        return doc_line(registry.get(option))
+    path = conf_dir() / group / f"{option}.yaml"
+    if path.is_file():
+        comment = [line[1:].strip() for line in path.read_text().splitlines()
+                   if line.startswith("#") and not line[1:].strip().startswith("@")]
+        return first_sentence("\n".join(comment))
+    attention = Registry.by_group.get("model/attention")
+    if group == "model" and attention is not None and option in attention:
+        return f"the tiny model with {option} attention (attention.* settings)"
+    return ""
 
 
 def _settings_text(text: str) -> list[str]:

@@ -1,161 +1,220 @@
-"""Registries of model, data and training parts, and typed checks of their configs.
+"""Registries of model, data and training parts; their Config dataclasses are the schema.
 
-A part family (attention, norm, optimizer, ...) has one `Registry`. A variant is a class
+A part family (attention, position, optimizer, ...) has one `Registry`. A variant is a class
 with a nested ``Config`` dataclass, registered under a short name::
 
     @ATTENTION.register("gqa")
-    class GroupedQueryAttention(nn.Module):
+    class GroupedQueryAttention(Attention):
+        \"\"\"Grouped-query attention (...): the first docstring line is its --help line.\"\"\"
+
         @dataclass
         class Config:
             kind: str = "gqa"
-            kv_heads: int = 2
+            kv_heads: int = 2  # key/value heads, each shared by n_heads / kv_heads query heads
 
-The YAML of a config-group option holds ``kind`` and the variant's own settings.
-`Registry.config` checks those keys and types against the dataclass, so a misspelt key or
-an unknown kind stops with a one-line message naming the key and what is allowed.
+Registering also stores the Config in Hydra's ConfigStore as an option of the family's config
+group (``model/attention=gqa``), so the dataclass is the only place a default is written: no
+YAML file repeats it. OmegaConf checks types and keys when Hydra composes; `parse_dataclass`
+runs the same check for a plain mapping (a checkpoint's config, the Python API) and turns
+OmegaConf's errors into llmlab's one line that names the key and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-import types
+import re
 import typing
 from typing import Any, Callable, Mapping
 
 from llmlab.errors import ConfigError
 
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
-
-
-def _check_value(value: Any, tp: Any, key: str) -> Any:
-    """Check (and gently coerce) one value against a type annotation."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_value(value, arg, key)
-            except ConfigError as e:
-                errors.append(e)
-        raise errors[0]
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (item_tp, *_) = typing.get_args(tp) or (Any,)
-        return [_check_value(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is Any:
-        return value
-    if dataclasses.is_dataclass(tp):
-        if dataclasses.is_dataclass(value):
-            value = dataclasses.asdict(value)
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return parse_dataclass(tp, value, key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):  # no setting means infinity or NaN; budgets say "none" with null
-                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise TypeError(f"unsupported config annotation {_type_name(tp)} for {key}")
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+               dict: "a mapping"}
 
 
 def join_key(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
+    return f"{prefix}.{key}" if prefix and key else (prefix or key)
 
 
-def parse_dataclass(cls: type, data: Mapping[str, Any] | None, prefix: str) -> Any:
-    """Build dataclass `cls` from `data`, naming the first bad key as ``prefix.key``."""
-    data = dict(data or {})
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            allowed = ", ".join(sorted(fields))
-            raise ConfigError(f"{join_key(prefix, key)}: unknown key; allowed keys: {allowed}")
-    values = {}
-    for name, field in fields.items():
-        if name in data:
-            values[name] = _check_value(data[name], hints[name], join_key(prefix, name))
-    try:
-        obj = cls(**values)
-    except TypeError as e:  # a required field with no default is missing
-        missing = [n for n, f in fields.items() if n not in values
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        raise ConfigError(f"{join_key(prefix, missing[0] if missing else '?')}: required key is missing") from e
+def _expected(object_type: Any, key: Any) -> str | None:
+    """How a field's type reads in an error message: 'an integer', 'a list', ..."""
+    if not (dataclasses.is_dataclass(object_type) and isinstance(key, str)):
+        return None
+    tp = typing.get_type_hints(object_type).get(key)
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) is not list else []
+    tp = args[0] if len(args) == 1 else tp
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return _TYPE_WORDS.get(typing.get_origin(tp) or tp)
+
+
+def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
+    """One line for an OmegaConf error: the full key, and the allowed keys or the expected type."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    key = join_key(prefix, str(getattr(e, "full_key", "") or ""))
+    owner = getattr(e, "object_type", None)
+    if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
+        allowed = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+        return ConfigError(f"{key}: unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
+    word = _expected(owner, getattr(e, "key", None))
+    if word is not None and getattr(e, "value", None) is not None:
+        return ConfigError(f"{key}: expected {word}, got {e.value!r}")
+    return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")
+
+
+def _check(obj: Any, prefix: str) -> None:
+    """What a type cannot say: no setting means infinity or NaN (a budget says "none" with
+    null), and each dataclass's own ``check(prefix)`` (ranges, choices), nested ones first."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{join_key(prefix, f.name)}: must be a finite number, got {value!r}")
+        if dataclasses.is_dataclass(value):
+            _check(value, join_key(prefix, f.name))
     check = getattr(obj, "check", None)
     if check is not None:
         check(prefix)
+
+
+def parse_dataclass(cls: type, data: Mapping[str, Any] | Any | None, prefix: str) -> Any:
+    """Build dataclass `cls` from `data` (a mapping, or a `cls` already), checked by OmegaConf
+    against the dataclass; the first bad key is a ConfigError naming it as ``prefix.key``.
+    Then `_check` tests what a type cannot say."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data or {}))
+    except OmegaConfBaseException as e:
+        raise omegaconf_error(e, prefix) from None
+    _check(obj, prefix)
     return obj
 
 
-class Registry:
-    """Named variants of one kind of part, each a class with a nested ``Config`` dataclass."""
+def first_sentence(text: str) -> str:
+    """The first sentence of a text's first paragraph ("et al." does not end one)."""
+    paragraph = " ".join(text.strip().split("\n\n")[0].split())
+    m = re.search(r"(?<!\bal)(?<!\be\.g)(?<!\bi\.e)\.(\s+(?=[A-Z`])|$)", paragraph)
+    return paragraph[:m.start() + 1] if m else paragraph
 
-    def __init__(self, family: str):
+
+def doc_line(cls: type) -> str:
+    """What `--help` says of a registered option: its class docstring's first sentence."""
+    return first_sentence(cls.__dict__.get("__doc__") or "")
+
+
+def defaults_text(cls: type, skip: str = "kind") -> str:
+    """A Config's settings and defaults in one line: ``kv_heads=2, window=64``."""
+    parts = []
+    for f in dataclasses.fields(cls):
+        if f.name == skip:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        parts.append(f"{f.name}={'null' if default is None else json.dumps(default) if not isinstance(default, (int, float)) else default}")
+    return ", ".join(parts)
+
+
+def settings_lines(cls: type, indent: int = 0) -> list[str]:
+    """A Config dataclass as YAML: each field with its default and the comment its source line
+    carries (what `--help` prints). Fields typed ``Any`` are filled by config groups and left out."""
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    source = inspect.getsource(cls).splitlines()
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if hints.get(f.name) is Any:
+            continue
+        line = next((ln for ln in source if ln.strip().startswith(f"{f.name}:")), "")
+        comment = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+        pad = " " * indent
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(default):
+            out.append(f"{pad}{f.name}:" + (f"  # {comment}" if comment else ""))
+            out += settings_lines(type(default), indent + 2)
+            continue
+        value = (json.dumps(default) if isinstance(default, (list, dict)) else
+                 OmegaConf.to_yaml({"v": default}).strip()[3:].strip())
+        out.append(f"{pad}{f.name}: {value}" + (f"  # {comment}" if comment else ""))
+    return out
+
+
+class Registry:
+    """Named variants of one kind of part, each a class with a nested ``Config`` dataclass.
+
+    ``group`` is the Hydra config group whose options are the variants (``None``: a setting
+    inside another section, as ``norm.kind`` is), ``package`` where the chosen option's
+    settings land, and ``kind_key`` the Config field that names the variant."""
+
+    by_group: dict[str, "Registry"] = {}
+
+    def __init__(self, family: str, group: str | None = None, package: str | None = None, kind_key: str = "kind"):
         self.family = family
+        self.group = group
+        self.package = package
+        self.kind_key = kind_key
         self._entries: dict[str, type] = {}
+        self._on_register: list[Callable[[str, type], None]] = []
+        if group is not None:
+            Registry.by_group[group] = self
 
     def register(self, name: str) -> Callable[[type], type]:
         def deco(cls: type) -> type:
             if name in self._entries:
                 raise ValueError(f"{self.family} '{name}' is registered twice")
-            if not dataclasses.is_dataclass(getattr(cls, "Config", None)):
+            config = getattr(cls, "Config", None)
+            if not dataclasses.is_dataclass(config):
                 raise TypeError(f"{cls.__name__} needs a nested Config dataclass")
+            if getattr(config(), self.kind_key, None) != name:
+                raise TypeError(f"{cls.__name__}.Config.{self.kind_key} must default to '{name}'")
             self._entries[name] = cls
             cls.kind = name
+            if self.group is not None:
+                from hydra.core.config_store import ConfigStore
+                ConfigStore.instance().store(group=self.group, name=name, node=config, package=self.package,
+                                             provider="llmlab")
+            for hook in self._on_register:
+                hook(name, cls)
             return cls
         return deco
 
+    def on_register(self, hook: Callable[[str, type], None]) -> None:
+        """Call ``hook(name, cls)`` for every variant, registered already or later."""
+        self._on_register.append(hook)
+        for name, cls in self._entries.items():
+            hook(name, cls)
+
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+    def items(self) -> list[tuple[str, type]]:
+        return sorted(self._entries.items())
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
     def get(self, name: str, key: str | None = None) -> type:
         if name not in self._entries:
-            where = key or f"{self.family}.kind"
+            where = key or f"{self.family}.{self.kind_key}"
             raise ConfigError(f"{where}: unknown {self.family} '{name}'; allowed: {', '.join(self.names())}")
         return self._entries[name]
 
-    def config(self, section: Mapping[str, Any] | None, prefix: str, kind_key: str = "kind") -> Any:
+    def config(self, section: Mapping[str, Any] | Any | None, prefix: str) -> Any:
         """Check a config section ``{kind: name, ...settings}`` and return its typed Config."""
+        if dataclasses.is_dataclass(section):
+            section = dataclasses.asdict(section)
         section = dict(section or {})
-        if kind_key not in section or section[kind_key] is None:
-            raise ConfigError(f"{prefix}.{kind_key}: missing; allowed: {', '.join(self.names())}")
-        cls = self.get(str(section[kind_key]), f"{prefix}.{kind_key}")
+        if section.get(self.kind_key) is None:
+            raise ConfigError(f"{prefix}.{self.kind_key}: missing; allowed: {', '.join(self.names())}")
+        cls = self.get(str(section[self.kind_key]), f"{prefix}.{self.kind_key}")
         return parse_dataclass(cls.Config, section, prefix)
 
-    def build(self, cfg: Any, *args: Any, kind_key: str = "kind", **kwargs: Any) -> Any:
+    def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Instantiate the variant a checked Config names."""
-        cls = self.get(getattr(cfg, kind_key))
+        cls = self.get(getattr(cfg, self.kind_key))
         return cls(cfg, *args, **kwargs)

@@ -38,10 +38,25 @@ def corpus_dir(tmp_path: Path) -> Path:
     return write_corpus(tmp_path)
 
 
+def test_configs(registry) -> list[dict]:
+    """A small config of every kind a registry holds (each class's ``test_settings``), so that
+    a new kind gets every generic test with no test edit."""
+    return [test_config(registry, name) for name in registry.names()]
+
+
+def test_config(registry, name: str) -> dict:
+    return {registry.kind_key: name, **getattr(registry.get(name), "test_settings", {})}
+
+
+test_configs.__test__ = test_config.__test__ = False  # helpers, not tests
+
+
 def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict | None = None,
-              objective: dict | None = None, vocab_size: int = 97, **model) -> ModelSpec:
+              objective: dict | None = None, ffn: dict | str | None = None, vocab_size: int = 97,
+              **model) -> ModelSpec:
     model_cfg = {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, **model}
-    return ModelSpec.from_config({"model": model_cfg, "attention": attention or {"kind": "mha"},
+    ffn = {"kind": ffn} if isinstance(ffn, str) else ffn
+    return ModelSpec.from_config({"model": model_cfg, "attention": attention or {"kind": "mha"}, "ffn": ffn,
                                   "norm": norm or {"placement": "pre", "kind": "rmsnorm"},
                                   "pos": pos or {"kind": "rope"}, "objective": objective or {"kind": "clm"}},
                                  vocab_size)

@@ -9,6 +9,15 @@ def validate(cfg: dict) -> None:
     check_train_config(cfg)
 
 
+def help_settings() -> list[str]:
+    """The run's own settings, and the model section's (the tiny model's values)."""
+    from llmlab.model.transformer import ModelConfig
+    from llmlab.registry import settings_lines
+    from llmlab.train.settings import TrainConfig
+    return [*settings_lines(TrainConfig), "model:  # the tiny model's; a preset (model=gpt2) sets some",
+            *settings_lines(ModelConfig, 2)]
+
+
 def run(cfg: dict, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

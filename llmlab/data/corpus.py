@@ -19,7 +19,7 @@ from typing import Any
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
 
-CORPUS = Registry("data")
+CORPUS = Registry("data", group="data")
 
 
 @dataclass
@@ -113,7 +113,7 @@ class PythonSource(Corpus):
     @dataclass
     class Config(Corpus.Config):
         kind: str = "pysource"
-        root: str | None = None  # None: this interpreter's stdlib
+        root: str | None = None  # null: the running interpreter's stdlib directory
 
     def root(self) -> Path:
         return Path(self.cfg.root or sysconfig.get_paths()["stdlib"])
@@ -136,15 +136,22 @@ class PythonSource(Corpus):
 
 @CORPUS.register("text")
 class TextFiles(Corpus):
-    """Plain text files, by path or glob (``**`` recurses)."""
+    """Plain text files by path or glob (``**`` recurses), split by file; one file is split at a line."""
 
     @dataclass
     class Config(Corpus.Config):
         kind: str = "text"
-        paths: list[str] | str = field(default_factory=list)  # one pattern or a list of them
+        paths: Any = field(default_factory=list)  # a file or glob, or a list of them: [a.txt,'notes/**/*.md']
+        val_fraction: float = 0.1  # one file alone is split at a line val_fraction from its end
 
         def check(self, prefix: str) -> None:
             super().check(prefix)
+            if isinstance(self.paths, (str, int, float)):
+                self.paths = str(self.paths)
+            elif not (isinstance(self.paths, list) and all(isinstance(p, (str, int, float)) for p in self.paths)):
+                raise ConfigError(f"{prefix}.paths: expected a path or a list of paths, got {self.paths!r}")
+            else:
+                self.paths = [str(p) for p in self.paths]
             if not self.paths:
                 raise ConfigError(f"{prefix}.paths: no files given; set {prefix}.paths=[file.txt,'dir/**/*.md']")
 
@@ -179,10 +186,10 @@ class HFDataset(Corpus):
     @dataclass
     class Config(Corpus.Config):
         kind: str = "hf"
-        path: str = ""
+        path: str = ""  # a hub name (with a network), local json/jsonl/parquet/csv/txt files, or a saved dataset
         name: str | None = None  # the dataset's configuration name, if it has several
         split: str = "train"
-        val_split: str | None = None  # a split to use as validation; None: hold out val_fraction
+        val_split: str | None = None  # a split to use as validation; null: hold out val_fraction of `split`
         text_column: str = "text"
         max_docs: int | None = None
 

@@ -17,7 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
 
-TOKENIZER = Registry("tokenizer")
+TOKENIZER = Registry("tokenizer", group="tokenizer")
 EOS = "<|endoftext|>"
 
 

@@ -12,7 +12,7 @@ import torch
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
 
-ANALYSIS = Registry("analysis")
+ANALYSIS = Registry("analysis", group="analysis")
 
 
 @ANALYSIS.register("attention")
@@ -23,9 +23,9 @@ class AttentionAnalysis:
     @dataclass
     class Config:
         kind: str = "attention"
-        windows: int = 16
-        seq_len: int | None = None
-        example_tokens: int = 48
+        windows: int = 16  # windows per split, evenly spaced over it
+        seq_len: int | None = None  # tokens per window; null: the model's max_seq_len
+        example_tokens: int = 48  # the heat-maps show each head's attention over this many tokens of one val window
 
         def check(self, prefix: str) -> None:
             for key in ("windows", "example_tokens"):

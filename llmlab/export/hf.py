@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from llmlab.errors import UserError
+from llmlab.model.ffn import FFN
 
 
 class Family:
@@ -53,8 +54,8 @@ def _common_objections(spec, model, attention_kinds: tuple[str, ...]) -> list[st
                "swa": f"a sliding window of {getattr(spec.attention, 'window', '?')} < max_seq_len="
                       f"{spec.model.max_seq_len}, which this config cannot express"}.get(kind, f"attention={kind}")
         out.append(why)
-    if spec.model.ffn == "moe":
-        out.append("model.ffn=moe (mixture of experts)")
+    if FFN.get(spec.ffn.kind).sparse:
+        out.append(f"model/ffn={spec.ffn.kind} (mixture of experts)")
     return out
 
 
@@ -67,8 +68,8 @@ class Llama(Family):
             out.append(f"pos={spec.pos.kind} (needs rope)")
         if spec.norm.kind != "rmsnorm":
             out.append(f"norm.kind={spec.norm.kind} (needs rmsnorm)")
-        if spec.model.ffn not in ("swiglu", "moe"):
-            out.append(f"model.ffn={spec.model.ffn} (needs swiglu)")
+        if spec.ffn.kind != "swiglu" and not FFN.get(spec.ffn.kind).sparse:
+            out.append(f"model/ffn={spec.ffn.kind} (needs swiglu)")
         return out
 
     def config(self, spec, model, eos_id):
@@ -120,8 +121,8 @@ class GPT2(Family):
             out.append(f"pos={spec.pos.kind} (needs learned)")
         if spec.norm.kind != "layernorm":
             out.append(f"norm.kind={spec.norm.kind} (needs layernorm)")
-        if spec.model.ffn not in self.ACTIVATIONS and spec.model.ffn != "moe":
-            out.append(f"model.ffn={spec.model.ffn} (needs gelu or gelu_tanh)")
+        if spec.ffn.kind not in self.ACTIVATIONS and not FFN.get(spec.ffn.kind).sparse:
+            out.append(f"model/ffn={spec.ffn.kind} (needs gelu or gelu_tanh)")
         return out
 
     def config(self, spec, model, eos_id):
@@ -130,7 +131,7 @@ class GPT2(Family):
             "architectures": [self.architecture], "model_type": "gpt2",
             "vocab_size": model.padded_vocab, "n_positions": m.max_seq_len, "n_embd": m.d_model,
             "n_layer": m.n_layers, "n_head": m.n_heads, "n_inner": model.blocks[0].ffn.up_proj.out_features,
-            "activation_function": self.ACTIVATIONS[m.ffn], "layer_norm_epsilon": spec.norm.eps,
+            "activation_function": self.ACTIVATIONS[spec.ffn.kind], "layer_norm_epsilon": spec.norm.eps,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": m.init_std,
             "scale_attn_weights": True, "tie_word_embeddings": m.tie_embeddings,
             "bos_token_id": eos_id, "eos_token_id": eos_id, "torch_dtype": "float32", "use_cache": True,

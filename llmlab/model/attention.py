@@ -20,7 +20,7 @@ from llmlab.model.cache import KVCache, LatentCache, RollingKVCache
 from llmlab.model.norm import RMSNorm
 from llmlab.registry import Registry
 
-ATTENTION = Registry("attention")
+ATTENTION = Registry("attention", group="model/attention", package="_global_.attention")
 
 # `enable_gqa` lets SDPA broadcast shared KV heads without copying them (torch >= 2.5).
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -74,21 +74,92 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return (weights @ v.float()).to(q.dtype), weights
 
 
-class GroupedQueryAttention(nn.Module):
+class Attention(nn.Module):
+    """What every attention kind provides. Shapes: ``x`` (B, T, d_model); ``positions`` (T,)
+    absolute positions of x's tokens; ``rotary`` the position module's rotation (a no-op
+    without RoPE); ``cache`` the kind's own decode cache (`new_cache`) or None. ``forward``
+    returns (B, T, d_model) and, with ``need_weights``, the weights (B, H, T, Tk), else None.
+
+    A kind subclasses this (or `GroupedQueryAttention`, whose forward is three seams:
+    `project`, `rotate`, `attend`) and registers with ``@ATTENTION.register(name)``."""
+
+    @dataclass
+    class Config:
+        kind: str = ""
+
+    #: settings that keep a test model small (tests build every registered kind with them)
+    test_settings: dict = {}
+
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache=None,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0):
+        """A decode cache for ``max_len`` positions (``slack``: how far it may be rolled back)."""
+        raise NotImplementedError
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
+        raise NotImplementedError
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs of the score and value matmuls per token (weights are counted apart)."""
+        raise NotImplementedError
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The projections that write into the residual stream (their init is scaled down)."""
+        return [self.o_proj]
+
+    def window(self) -> int | None:
+        """How many positions back a query sees (None: all)."""
+        return None
+
+    def key_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """(Tq, Tk) True where a query sees a key (None: every key); for analysis."""
+        return attention_mask(q_pos, k_pos, self.causal, self.window())
+
+    def caveat(self, d_model: int, max_seq_len: int) -> str | None:
+        """Why this kind, at these sizes, does not show what its name promises in a comparison
+        (None: nothing to say). Printed at the start of a run and marked in reports."""
+        return None
+
+    def sdpa(self, q, k, v, q_pos, k_pos, need_weights: bool, scale: float | None = None, **kwargs):
+        """Attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D) under this kind's mask:
+        the fused kernels where they can (an aligned causal mask as a flag, one new query with
+        no mask at all), the math path with weights where asked."""
+        Tq, Tk = q.shape[2], k.shape[2]
+        window = self.window()
+        mask = attention_mask(q_pos, k_pos, self.causal, window)
+        if need_weights:
+            return math_attention(q, k, v, mask, scale)
+        is_causal = False
+        if self.causal and window is None:
+            if Tq == Tk:
+                is_causal, mask = True, None  # aligned square mask: the fused kernels take it as a flag
+            elif Tq == 1:
+                mask = None  # one new query sees every cached key
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, **kwargs)
+        return y, None
+
+
+class GroupedQueryAttention(Attention):
     """Ainslie et al. 2023 (GQA): ``kv_heads`` key/value heads, each shared by a group of
     query heads. kv_heads = heads is multi-head attention, kv_heads = 1 multi-query."""
 
     @dataclass
     class Config:
         kind: str = "gqa"
-        kv_heads: int = 2
+        kv_heads: int = 2  # key/value heads, each shared by n_heads / kv_heads query heads
 
         def check(self, prefix: str) -> None:
             if self.kv_heads < 1:
                 raise ConfigError(f"{prefix}.kv_heads: must be >= 1, got {self.kv_heads}")
 
     def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
-        super().__init__()
+        super().__init__(causal)
         kv_heads = self.kv_heads_for(cfg, n_heads)
         if n_heads % kv_heads:
             raise ConfigError(
@@ -98,20 +169,13 @@ class GroupedQueryAttention(nn.Module):
         self.cfg = cfg
         self.n_heads, self.kv_heads = n_heads, kv_heads
         self.head_dim = d_model // n_heads
-        self.causal = causal
         # q, k and v in one matmul: rows [0, H Dh) are the queries, then Hkv Dh of keys, then values
         self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
-        self.o_proj.residual_out = True
 
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
         return cfg.kv_heads
-
-    def caveat(self, d_model: int, max_seq_len: int) -> str | None:
-        """Why this kind, at these sizes, does not show what its name promises in a comparison
-        (None: nothing to say). Printed at the start of a run and marked in reports."""
-        return None
 
     # -- sizes -------------------------------------------------------------------------
     def qkv_sizes(self) -> list[int]:
@@ -128,15 +192,12 @@ class GroupedQueryAttention(nn.Module):
     def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0) -> KVCache:
         return KVCache(batch, self.kv_heads, max_len, self.head_dim, self.head_dim, device, dtype)
 
-    # -- forward -----------------------------------------------------------------------
+    # -- forward: project, rotate, (cache), attend, merge --------------------------------
     def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False):
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.qkv_sizes(), dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
-        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotary.apply(q), rotary.apply(k)
+        q, k, v = self.project(x)
+        q, k = self.rotate(q, k, rotary)
         k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v)  # (B, Hkv, Tk, Dh)
@@ -144,42 +205,35 @@ class GroupedQueryAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(y), weights
 
-    def window(self) -> int | None:
-        return None
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, d) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh)."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes(), dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
 
-    def key_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """(Tq, Tk) True where a query sees a key (None: every key); for analysis."""
-        return attention_mask(q_pos, k_pos, self.causal, self.window())
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position into q and k (before they are cached)."""
+        return rotary.apply(q), rotary.apply(k)
 
     def attend(self, q, k, v, q_pos, k_pos, need_weights: bool):
-        window = self.window()
-        if need_weights:
-            group = self.n_heads // self.kv_heads
-            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            return math_attention(q, k, v, attention_mask(q_pos, k_pos, self.causal, window))
-        Tq, Tk = q.shape[2], k.shape[2]
-        full_causal = self.causal and window is None
-        is_causal, mask = False, None
-        if full_causal and Tq == Tk:
-            is_causal = True  # aligned square mask: the fused kernels take it as a flag
-        elif full_causal and Tq == 1:
-            pass  # one new query sees every cached key
-        else:
-            mask = attention_mask(q_pos, k_pos, self.causal, window)
+        """q (B, H, Tq, Dh) over k, v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), weights or None."""
         kwargs = {}
         if self.kv_heads != self.n_heads:
-            if _SDPA_HAS_GQA:
-                kwargs["enable_gqa"] = True
+            if _SDPA_HAS_GQA and not need_weights:
+                kwargs["enable_gqa"] = True  # SDPA broadcasts the shared heads without copies
             else:
                 group = self.n_heads // self.kv_heads
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, **kwargs)
-        return y, None
+        return self.sdpa(q, k, v, q_pos, k_pos, need_weights, **kwargs)
 
 
 @ATTENTION.register("gqa")
 class GQA(GroupedQueryAttention):
-    pass
+    """Grouped-query attention (Ainslie et al. 2023): kv_heads key/value heads, each shared by
+    n_heads / kv_heads query heads."""
 
 
 @ATTENTION.register("mha")
@@ -217,14 +271,16 @@ class SlidingWindowAttention(GroupedQueryAttention):
     @dataclass
     class Config:
         kind: str = "swa"
-        window: int = 64
-        kv_heads: int | None = None
+        window: int = 64  # positions each query sees, itself included
+        kv_heads: int | None = None  # null: one KV head per query head; set it for grouped-query SWA
 
         def check(self, prefix: str) -> None:
             if self.window < 1:
                 raise ConfigError(f"{prefix}.window: must be >= 1, got {self.window}")
             if self.kv_heads is not None and self.kv_heads < 1:
                 raise ConfigError(f"{prefix}.kv_heads: must be >= 1 or null, got {self.kv_heads}")
+
+    test_settings = {"window": 5, "kv_heads": 2}
 
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
@@ -245,7 +301,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
 
 
 @ATTENTION.register("mla")
-class MultiHeadLatentAttention(nn.Module):
+class MultiHeadLatentAttention(Attention):
     """Multi-head Latent Attention (DeepSeek-V2, Liu et al. 2024, section 2.1).
 
     Keys and values are rebuilt from one shared latent c_kv = norm(W_DKV x) of ``kv_rank``
@@ -260,12 +316,12 @@ class MultiHeadLatentAttention(nn.Module):
     @dataclass
     class Config:
         kind: str = "mla"
-        q_rank: int = 0  # 0: full-rank query projection
-        kv_rank: int = 96
-        rope_dim: int = 32
-        nope_dim: int = 64
-        v_dim: int = 64
-        absorb: bool = True
+        q_rank: int = 0  # 0: no query compression
+        kv_rank: int = 96  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
+        rope_dim: int = 32  # per-head rotary query dims, and the one shared rotary key's
+        nope_dim: int = 64  # per-head query/key dims without position
+        v_dim: int = 64  # per-head value dims
+        absorb: bool = True  # decode in the latent space (W_UK into the query, W_UV into the output)
 
         def check(self, prefix: str) -> None:
             for key in ("kv_rank", "rope_dim", "nope_dim", "v_dim"):
@@ -276,9 +332,11 @@ class MultiHeadLatentAttention(nn.Module):
             if self.q_rank < 0:
                 raise ConfigError(f"{prefix}.q_rank: must be >= 0 (0 = no query compression), got {self.q_rank}")
 
+    test_settings = {"q_rank": 12, "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}
+
     def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
-        super().__init__()
-        self.cfg, self.n_heads, self.causal = cfg, n_heads, causal
+        super().__init__(causal)
+        self.cfg, self.n_heads = cfg, n_heads
         H, qk = n_heads, cfg.nope_dim + cfg.rope_dim
         self.qk_dim = qk
         if cfg.q_rank:
@@ -291,7 +349,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_norm = RMSNorm(cfg.kv_rank, 1e-6)
         self.kv_up = nn.Linear(cfg.kv_rank, H * (cfg.nope_dim + cfg.v_dim), bias=False)  # [W_UK ; W_UV] per head
         self.o_proj = nn.Linear(H * cfg.v_dim, d_model, bias=bias)
-        self.o_proj.residual_out = True
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         return (self.cfg.kv_rank + self.cfg.rope_dim) * dtype_bytes
@@ -306,9 +363,6 @@ class MultiHeadLatentAttention(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> int:
         return 6 * self.n_heads * seq_len * (self.qk_dim + self.cfg.v_dim)
-
-    def key_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        return attention_mask(q_pos, k_pos, self.causal)
 
     def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0) -> LatentCache:
         return LatentCache(batch, max_len, self.cfg.kv_rank, self.cfg.rope_dim, device, dtype)
@@ -332,11 +386,6 @@ class MultiHeadLatentAttention(nn.Module):
         k_pos = positions
         if cache is not None:
             latent, k_rope, k_pos = cache.append(latent, k_rope)
-        is_causal = self.causal and q.shape[2] == latent.shape[1]
-        # one new query sees every cached key, and an aligned square mask is a flag: build the
-        # (T, Tk) mask only where it says something
-        plain = is_causal or (self.causal and T == 1)
-        mask = None if plain and not need_weights else attention_mask(positions, k_pos, self.causal)
         scale = 1 / math.sqrt(self.qk_dim)
         Tk = latent.shape[1]
         if cache is not None and c.absorb and not need_weights:
@@ -345,19 +394,12 @@ class MultiHeadLatentAttention(nn.Module):
             qa = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, T, kv_rank + rope)
             ka = torch.cat([latent[:, None], k_rope], dim=-1).expand(B, H, Tk, c.kv_rank + c.rope_dim)
             va = latent[:, None].expand(B, H, Tk, c.kv_rank)
-            o_lat = F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask,
-                                                   is_causal=is_causal and T > 1, scale=scale)
+            o_lat, weights = self.sdpa(qa, ka, va, positions, k_pos, False, scale)
             y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_UV folded into the output
-            weights = None
         else:
             kv = self.kv_up(latent).view(B, Tk, H, c.nope_dim + c.v_dim).transpose(1, 2)
             k_nope, v = kv.split([c.nope_dim, c.v_dim], dim=-1)
             k = torch.cat([k_nope, k_rope.expand(B, H, Tk, c.rope_dim)], dim=-1)
-            qf = torch.cat([q_nope, q_rope], dim=-1)
-            if need_weights:
-                y, weights = math_attention(qf, k, v, mask, scale)
-            else:
-                y = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, is_causal=is_causal and T > 1, scale=scale)
-                weights = None
+            y, weights = self.sdpa(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, k_pos, need_weights, scale)
         y = y.transpose(1, 2).reshape(B, T, H * c.v_dim)
         return self.o_proj(y), weights

@@ -10,15 +10,16 @@ from llmlab.errors import ConfigError
 from llmlab.model.norm import NORM
 from llmlab.registry import Registry
 
-BLOCK = Registry("norm.placement")
+BLOCK = Registry("norm", group="norm", kind_key="placement")
 
 
 @dataclass
 class NormConfig:
-    """The ``norm`` group: where the norm sits (a block class) and which norm it is."""
+    """The ``norm`` group: where the norm sits (``placement``: a block class, the group's
+    option) and which norm it is (``kind``: a `NORM` variant, a setting)."""
 
     placement: str = "pre"
-    kind: str = "rmsnorm"
+    kind: str = "rmsnorm"  # rmsnorm | layernorm
     eps: float = 1e-5
 
     def check(self, prefix: str) -> None:
@@ -32,10 +33,6 @@ class Block(nn.Module):
     #: whether the stack needs a norm after the last block
     final_norm = True
 
-    @dataclass
-    class Config:
-        kind: str = ""
-
     def __init__(self, attn: nn.Module, ffn: nn.Module, norm_cfg: NormConfig, d_model: int):
         super().__init__()
         make_norm = NORM.get(norm_cfg.kind)
@@ -47,7 +44,11 @@ class Block(nn.Module):
 
 @BLOCK.register("pre")
 class PreNormBlock(Block):
-    """x + f(norm(x)): the residual stream is never normalised (GPT-2, Llama)."""
+    """Pre-norm: x + f(norm(x)), with a final norm before the LM head (GPT-2, Llama)."""
+
+    @dataclass
+    class Config(NormConfig):
+        placement: str = "pre"
 
     def forward(self, x, rotary, positions, cache=None, need_weights=False):
         a, weights = self.attn(self.attn_norm(x), rotary, positions, cache, need_weights)
@@ -58,7 +59,12 @@ class PreNormBlock(Block):
 
 @BLOCK.register("post")
 class PostNormBlock(Block):
-    """norm(x + f(x)), as in the original Transformer (Vaswani et al. 2017, section 3.1)."""
+    """Post-norm: norm(x + f(x)) after each residual add, as in the original Transformer."""
+
+    @dataclass
+    class Config(NormConfig):  # Vaswani et al. 2017, section 3.1
+        placement: str = "post"
+        kind: str = "layernorm"
 
     final_norm = False
 

@@ -1,18 +1,22 @@
-"""Position-wise feed-forward networks (``model.ffn``)."""
+"""Position-wise feed-forward networks (config group ``model/ffn``, settings under ``ffn.*``).
+
+A kind subclasses `FeedForward`: ``forward(x)`` maps (B, T, d) to (B, T, d), and a sparse
+kind (a mixture of experts) also says which of its parameters a token leaves idle and hands
+over its auxiliary losses after each forward.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmlab.errors import ConfigError
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmlab.errors import ConfigError
 from llmlab.registry import Registry
 
-FFN = Registry("model.ffn")
+FFN = Registry("ffn", group="model/ffn", package="_global_.ffn")
 
 
 def round_up(n: float, multiple: int) -> int:
@@ -20,18 +24,42 @@ def round_up(n: float, multiple: int) -> int:
 
 
 class FeedForward(nn.Module):
+    """The base of every FFN kind."""
+
+    #: True where some parameters get no gradient in a step (DDP must look for unused ones)
+    sparse = False
+
     @dataclass
     class Config:
         kind: str = ""
+        hidden: int | None = None  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
+
+        def check(self, prefix: str) -> None:
+            if self.hidden is not None and self.hidden < 1:
+                raise ConfigError(f"{prefix}.hidden: must be >= 1 or null, got {self.hidden}")
 
     @staticmethod
     def default_hidden(d_model: int) -> int:
         return 4 * d_model
 
     @classmethod
-    def from_config(cls, m) -> "FeedForward":
-        """Build from the ``model`` section (a ModelConfig)."""
-        return cls(m.d_model, m.ffn_hidden or cls.default_hidden(m.d_model), m.bias)
+    def from_config(cls, cfg: "FeedForward.Config", d_model: int, bias: bool) -> "FeedForward":
+        return cls(d_model, cfg.hidden or cls.default_hidden(d_model), bias)
+
+    #: settings that keep a test model small (tests build every registered kind with them)
+    test_settings: dict = {}
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The projections that write into the residual stream (their init is scaled down)."""
+        return [self.down_proj]
+
+    def inactive_params(self) -> int:
+        """Parameters a token does not use (experts it is not routed to): for active FLOPs."""
+        return 0
+
+    def take_aux(self) -> dict[str, torch.Tensor]:
+        """Auxiliary losses and metrics of the last forward (``weighted``: added to the loss)."""
+        return {}
 
 
 class TwoMatrixFFN(FeedForward):
@@ -41,7 +69,6 @@ class TwoMatrixFFN(FeedForward):
         super().__init__()
         self.up_proj = nn.Linear(d_model, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d_model, bias=bias)
-        self.down_proj.residual_out = True
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -54,6 +81,10 @@ class TwoMatrixFFN(FeedForward):
 class GeluFFN(TwoMatrixFFN):
     """The GPT-2 / BERT MLP with the exact (erf) GELU of Hendrycks & Gimpel 2016."""
 
+    @dataclass
+    class Config(FeedForward.Config):
+        kind: str = "gelu"
+
     approximate = "none"
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
@@ -65,12 +96,20 @@ class GeluTanhFFN(GeluFFN):
     """The same MLP with GELU's tanh approximation, as the original GPT-2 code has it
     (``gelu_new`` in transformers). About 3x the cost of the exact GELU on a CPU."""
 
+    @dataclass
+    class Config(FeedForward.Config):
+        kind: str = "gelu_tanh"
+
     approximate = "tanh"
 
 
 @FFN.register("relu2")
 class ReluSquaredFFN(TwoMatrixFFN):
     """Squared ReLU (So et al. 2021, Primer, section 4)."""
+
+    @dataclass
+    class Config(FeedForward.Config):
+        kind: str = "relu2"
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
         return F.relu(h).square()
@@ -84,6 +123,10 @@ class SwiGLU(FeedForward):
     rounded up to a multiple of 64 for the kernels.
     """
 
+    @dataclass
+    class Config(FeedForward.Config):
+        kind: str = "swiglu"
+
     @staticmethod
     def default_hidden(d_model: int) -> int:
         return round_up(8 * d_model / 3, 64)
@@ -93,24 +136,24 @@ class SwiGLU(FeedForward):
         self.gate_proj = nn.Linear(d_model, hidden, bias=bias)
         self.up_proj = nn.Linear(d_model, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d_model, bias=bias)
-        self.down_proj.residual_out = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 @dataclass
-class MoEConfig:
-    """``model.moe``: used when ``model.ffn=moe``."""
+class MoEConfig(FeedForward.Config):
+    """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
 
+    kind: str = "moe"
     n_experts: int = 8
     top_k: int = 2
     shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
-    expert_hidden: int | None = None  # None: the SwiGLU default for d_model
     jitter: float = 0.0  # router input multiplied by U(1 - jitter, 1 + jitter) in training
-    balance_coef: float = 0.01  # weight of the load-balancing loss
+    balance_coef: float = 0.01  # weight of the Switch load-balancing loss (per MoE layer)
 
     def check(self, prefix: str) -> None:
+        super().check(prefix)
         if self.n_experts < 1:
             raise ConfigError(f"{prefix}.n_experts: must be >= 1, got {self.n_experts}")
         if not 1 <= self.top_k <= self.n_experts:
@@ -128,6 +171,10 @@ class MoE(FeedForward):
     its slice of tokens, so the only Python loop is over experts.
     """
 
+    Config = MoEConfig
+    sparse = True
+    test_settings = {"n_experts": 4, "top_k": 2, "shared_experts": 1}
+
     def __init__(self, d_model: int, hidden: int, bias: bool, cfg: MoEConfig):
         super().__init__()
         self.cfg = cfg
@@ -138,9 +185,11 @@ class MoE(FeedForward):
         self.last_routing: torch.Tensor | None = None
 
     @classmethod
-    def from_config(cls, m) -> "MoE":
-        hidden = m.moe.expert_hidden or m.ffn_hidden or SwiGLU.default_hidden(m.d_model)
-        return cls(m.d_model, hidden, m.bias, m.moe)
+    def from_config(cls, cfg: MoEConfig, d_model: int, bias: bool) -> "MoE":
+        return cls(d_model, cfg.hidden or SwiGLU.default_hidden(d_model), bias, cfg)
+
+    def residual_projections(self) -> list[nn.Linear]:
+        return [e.down_proj for e in [*self.experts, *self.shared]]
 
     def inactive_params(self) -> int:
         """Parameters of the experts a token is not routed to (for active-parameter FLOPs)."""

@@ -10,7 +10,7 @@ import torch
 from llmlab.errors import ConfigError
 from llmlab.registry import Registry
 
-OBJECTIVE = Registry("objective")
+OBJECTIVE = Registry("objective", group="objective")
 IGNORE = -100  # targets with this id carry no loss
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
 
-POSITION = Registry("pos")
+POSITION = Registry("pos", group="pos")
 
 
 class NoRotation:
@@ -74,6 +74,8 @@ class Position(nn.Module):
 
 @POSITION.register("none")
 class NoPosition(Position):
+    """No position signal: causal masking alone tells order (NoPE)."""
+
     @dataclass
     class Config:
         kind: str = "none"
@@ -81,10 +83,12 @@ class NoPosition(Position):
 
 @POSITION.register("rope")
 class RoPE(Position):
+    """Rotary position embedding (Su et al. 2021): rotates q and k per head."""
+
     @dataclass
     class Config:
         kind: str = "rope"
-        theta: float = 10000.0
+        theta: float = 10000.0  # the base of the rotation frequencies
 
         def check(self, prefix: str) -> None:
             if self.theta <= 1:
@@ -106,6 +110,8 @@ def sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 
 @POSITION.register("sinusoidal")
 class Sinusoidal(Position):
+    """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017)."""
+
     @dataclass
     class Config:
         kind: str = "sinusoidal"
@@ -116,6 +122,8 @@ class Sinusoidal(Position):
 
 @POSITION.register("learned")
 class Learned(Position):
+    """A learned table of model.max_seq_len positions added to the embeddings (GPT-2)."""
+
     @dataclass
     class Config:
         kind: str = "learned"

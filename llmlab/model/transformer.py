@@ -20,7 +20,7 @@ from llmlab.errors import ConfigError
 from llmlab.model.attention import ATTENTION
 from llmlab.model.block import BLOCK, NormConfig
 from llmlab.model.cache import ModelCache
-from llmlab.model.ffn import FFN, MoEConfig, round_up
+from llmlab.model.ffn import FFN, round_up
 from llmlab.model.loss import linear_cross_entropy, use_fused
 from llmlab.model.norm import NORM
 from llmlab.model.objective import IGNORE, OBJECTIVE
@@ -32,14 +32,11 @@ from llmlab.registry import parse_dataclass
 class ModelConfig:
     """The ``model`` section: shared sizes, passed to every part."""
 
-    name: str = "custom"
+    name: str = "custom"  # a label for reports; presets set theirs
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     max_seq_len: int = 256
-    ffn: str = "swiglu"
-    ffn_hidden: int | None = None  # None: the feed-forward's own default
-    moe: MoEConfig = field(default_factory=MoEConfig)
     mtp_heads: int = 0  # extra heads predicting tokens t+2 ... t+1+mtp_heads
     mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
     bias: bool = False
@@ -53,11 +50,23 @@ class ModelConfig:
                 raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"{prefix}.n_heads: {self.n_heads} does not divide {prefix}.d_model={self.d_model}")
-        FFN.get(self.ffn, f"{prefix}.ffn")
-        if self.ffn_hidden is not None and self.ffn_hidden < 1:
-            raise ConfigError(f"{prefix}.ffn_hidden: must be >= 1 or null, got {self.ffn_hidden}")
         if self.mtp_heads < 0:
             raise ConfigError(f"{prefix}.mtp_heads: must be >= 0, got {self.mtp_heads}")
+
+
+def _register_schema() -> None:
+    """The ``model`` section's schema (``conf/model/tiny.yaml`` builds on it), and a model
+    option per attention kind, so that ``model=gqa`` is the tiny model with GQA."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(group="schema", name="model", node=ModelConfig, provider="llmlab")
+    ATTENTION.on_register(lambda name, cls: store.store(
+        group="model", name=name, provider="llmlab",
+        node={"defaults": ["tiny", {"override attention": name}, "_self_"], "name": name}))
+
+
+_register_schema()
 
 
 @dataclass
@@ -67,25 +76,41 @@ class ModelSpec:
     vocab_size: int
     model: ModelConfig = field(default_factory=ModelConfig)
     attention: Any = None
+    ffn: Any = None
     norm: NormConfig = field(default_factory=NormConfig)
     pos: Any = None
     objective: Any = None
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
-        """Check the ``model``, ``attention``, ``norm``, ``pos`` and ``objective`` sections."""
+        """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
+        model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
         return cls(
             vocab_size=vocab_size,
-            model=parse_dataclass(ModelConfig, cfg.get("model"), "model"),
+            model=parse_dataclass(ModelConfig, model, "model"),
             attention=ATTENTION.config(cfg.get("attention"), "attention"),
-            norm=parse_dataclass(NormConfig, cfg.get("norm"), "norm"),
+            ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn"),
+            norm=BLOCK.config(cfg.get("norm") or NormConfig(), "norm"),
             pos=POSITION.config(cfg.get("pos"), "pos"),
             objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
         )
 
     def to_dict(self) -> dict:
         return {"vocab_size": self.vocab_size, "model": asdict(self.model), "attention": asdict(self.attention),
-                "norm": asdict(self.norm), "pos": asdict(self.pos), "objective": asdict(self.objective)}
+                "ffn": asdict(self.ffn), "norm": asdict(self.norm), "pos": asdict(self.pos), "objective": asdict(self.objective)}
+
+
+def upgrade_ffn(model: Mapping[str, Any] | None, ffn: Mapping[str, Any] | None) -> tuple[dict, Any]:
+    """Checkpoints written before the FFN was a config group of its own kept it inside the
+    ``model`` section (``ffn``, ``ffn_hidden``, ``moe``): move those into an ``ffn`` section."""
+    model = dict(model or {})
+    if "ffn" not in model or ffn is not None:
+        return model, ffn
+    kind, hidden, moe = model.pop("ffn"), model.pop("ffn_hidden", None), dict(model.pop("moe", None) or {})
+    ffn = {"kind": kind, "hidden": hidden}
+    if kind == "moe":
+        ffn.update({k: v for k, v in moe.items() if k != "expert_hidden"}, hidden=moe.get("expert_hidden") or hidden)
+    return model, ffn
 
 
 @dataclass
@@ -122,34 +147,32 @@ class Transformer(nn.Module):
         self.mask_id = spec.vocab_size if self.objective.extra_tokens() else None
         self.padded_vocab = round_up(spec.vocab_size + self.objective.extra_tokens(), m.vocab_multiple)
         self.max_seq_len = m.max_seq_len
-        ffn_cls = FFN.get(m.ffn, "model.ffn")
+        ffn_cls = FFN.get(spec.ffn.kind, "ffn.kind")
         block_cls = BLOCK.get(spec.norm.placement, "norm.placement")
 
         self.embed = nn.Embedding(self.padded_vocab, m.d_model)
         self.pos = POSITION.build(spec.pos, m.d_model, m.max_seq_len)
         self.blocks = nn.ModuleList(
             block_cls(ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias, causal=self.objective.causal),
-                      ffn_cls.from_config(m), spec.norm, m.d_model)
+                      ffn_cls.from_config(spec.ffn, m.d_model, m.bias), spec.norm, m.d_model)
             for _ in range(m.n_layers))
         self.norm = NORM.get(spec.norm.kind)(m.d_model, spec.norm.eps) if block_cls.final_norm else nn.Identity()
         self.lm_head = nn.Linear(m.d_model, self.padded_vocab, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.mtp = nn.ModuleList(MTPHead(m.d_model, spec.norm, m.bias) for _ in range(m.mtp_heads))
-        self._aux_parts = [mod for mod in self.blocks.modules() if hasattr(mod, "take_aux")]  # a plain list: not registered
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """N(0, init_std); residual output projections scaled by 1/sqrt(2L) (GPT-2, section 2.3)."""
         std = self.spec.model.init_std
+        residual = {id(p) for blk in self.blocks for part in (blk.attn, blk.ffn) for p in part.residual_projections()}
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                scale = 1 / math.sqrt(2 * self.spec.model.n_layers) if getattr(module, "residual_out", False) else 1.0
+                scale = 1 / math.sqrt(2 * self.spec.model.n_layers) if id(module) in residual else 1.0
                 nn.init.normal_(module.weight, mean=0.0, std=std * scale)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif hasattr(module, "reset_extra_parameters"):
-                module.reset_extra_parameters(std)
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
@@ -215,7 +238,7 @@ class Transformer(nn.Module):
         """Auxiliary losses that parts computed in the last forward (MoE load balance): the
         weighted losses of all layers summed into the training loss, the logged values
         averaged over layers."""
-        parts = [m.take_aux() for m in self._aux_parts]
+        parts = [blk.ffn.take_aux() for blk in self.blocks]
         parts = [p for p in parts if p]
         if not parts:
             return {}
@@ -248,10 +271,7 @@ class Transformer(nn.Module):
     def param_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.parameters())
         embedding = self.embed.weight.numel() + sum(p.numel() for p in self.pos.parameters())
-        active = total
-        for m in self.modules():
-            if hasattr(m, "inactive_params"):
-                active -= m.inactive_params()
+        active = total - sum(blk.ffn.inactive_params() for blk in self.blocks)
         return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active}
 
     def flops_per_token(self, seq_len: int | None = None) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 from llmlab import console
 from llmlab.registry import Registry
 
-LOGGER = Registry("logger")
+LOGGER = Registry("logger", group="logger")
 
 
 class Logger:
@@ -35,6 +35,8 @@ class Logger:
 
 @LOGGER.register("none")
 class NoLogger(Logger):
+    """No experiment tracker; metrics.jsonl in the run directory is always written."""
+
     @dataclass
     class Config:
         kind: str = "none"

@@ -22,6 +22,7 @@ from llmlab.data.batches import RandomWindows, check_length
 from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
+from llmlab.model.ffn import FFN
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, decode_setting, decode_speed, generate
 from llmlab.files import RunLock, atomic_write_text, disk_error
@@ -52,7 +53,7 @@ def model_card(model: Transformer, seq_len: int, precision: str) -> dict[str, An
 def print_model_card(spec: ModelSpec, card: dict[str, Any]) -> None:
     m = spec.model
     parts = (f"{spec.attention.kind} attention, {spec.norm.placement}-norm {spec.norm.kind}, {spec.pos.kind} positions, "
-             f"{m.ffn} FFN, {'tied' if m.tie_embeddings else 'untied'} head"
+             f"{spec.ffn.kind} FFN, {'tied' if m.tie_embeddings else 'untied'} head"
              + (f", {m.mtp_heads} MTP heads" if m.mtp_heads else "")
              + (f", objective {spec.objective.kind}" if spec.objective.kind != "clm" else ""))
     console.out.print(f"model {m.name}: d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads, "
@@ -166,7 +167,7 @@ class Trainer:
             self._check_same_tokenizer(self.ckpt)
             load_weights(model, self.ckpt.weights, self.ckpt.path,
                          "this run's model settings (model.*, attention.*, norm.*, pos.*, objective.*)")
-        self.wrapped = wrap_model(model, dist, device, find_unused=spec.model.ffn == "moe")
+        self.wrapped = wrap_model(model, dist, device, find_unused=FFN.get(spec.ffn.kind).sparse)
         self.step_model = torch.compile(self.wrapped) if loop.compile else self.wrapped
         self.optimizer = build_optimizer(job.optim, model, device)
         self.schedule = SCHEDULE.build(job.sched, self.steps)

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from llmlab.errors import ConfigError
 from llmlab.registry import Registry
 
-SCHEDULE = Registry("sched")
+SCHEDULE = Registry("sched", group="sched")
 
 
 class Schedule:
     @dataclass
     class Config:
         kind: str = ""
-        warmup: int = 100  # steps of linear warm-up from 0
+        warmup: int = 50  # steps of linear warm-up from 0
 
         def check(self, prefix: str) -> None:
             if self.warmup < 0:
@@ -65,6 +65,8 @@ class Cosine(Schedule):
 
 @SCHEDULE.register("constant")
 class Constant(Schedule):
+    """Linear warm-up, then optim.lr to the end."""
+
     @dataclass
     class Config(Schedule.Config):
         kind: str = "constant"

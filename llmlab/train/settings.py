@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import torch
+from hydra.core.config_store import ConfigStore
 
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
@@ -24,26 +25,26 @@ from llmlab.train.schedule import SCHEDULE
 class LoopConfig:
     """The ``train`` section."""
 
-    steps: int = 600
-    batch_size: int = 16
+    steps: int = 500
+    batch_size: int = 8
     grad_accum: int = 1
-    batch_tokens: int | None = None  # tokens per optimizer step; sets grad_accum from batch_size * max_seq_len
-    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    batch_tokens: int | None = None  # tokens per optimizer step; when set, grad_accum = batch_tokens / (batch_size * max_seq_len)
+    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
     log_every: int = 10
-    eval_every: int = 200  # 0 = only at the end
-    eval_windows: int = 64  # val windows per periodic eval; `llmlab eval` scores the whole split
-    ckpt_every: int = 200  # 0 = only at the end
+    eval_every: int = 200  # 0: only at the end
+    eval_windows: int = 64  # validation windows per periodic eval (`llmlab eval` scores the whole split)
+    ckpt_every: int = 200  # 0: only at the end
     keep_checkpoints: int = 2
-    compile: bool = False
+    compile: bool = False  # torch.compile the model
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
-    sample_tokens: int = 48
-    resume: str | None = "auto"  # auto: this run dir's latest checkpoint if any; a path; null: start fresh
-    resume_weights_only: bool = False  # resume a checkpoint without trainer.pt: its weights, a fresh optimizer
-    max_tokens: int | None = None  # the run's length in tokens; replaces `steps` (the schedule spans it)
-    max_steps: int | None = None  # stop (saving a checkpoint) at this step; the schedule still spans `steps`
-    max_time: float | None = None  # seconds; stop (saving a checkpoint) when training has run this long
-    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
-    head_loss: str = "auto"  # LM head + cross-entropy: auto | fused (chunked, no logits kept) | plain
+    sample_tokens: int = 48  # tokens completed per prompt at each eval
+    resume: str | None = "auto"  # auto: continue from this run dir's latest checkpoint; a checkpoint path; null: fresh
+    resume_weights_only: bool = False  # a checkpoint without trainer.pt: continue from its weights, fresh optimizer
+    max_tokens: int | None = None  # the run's length in tokens (replaces steps; the schedule spans it)
+    max_steps: int | None = None  # stop at this step and save a checkpoint; the schedule still spans steps (resume later)
+    max_time: float | None = None  # seconds; stop and save a checkpoint once training has run this long
+    fsdp: bool = False  # under torchrun: FSDP2 (shard params, grads, optimizer state) instead of DDP
+    head_loss: str = "auto"  # fused: LM head + cross-entropy in chunks, no logits kept | plain | auto: fused where a micro-batch has >= 4M logits, not in fp16
 
     def check(self, prefix: str) -> None:
         for key in ("steps", "batch_size", "grad_accum", "log_every"):
@@ -64,8 +65,37 @@ class LoopConfig:
             raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
 
 
-TOP_LEVEL = {"seed", "device", "precision", "cache_dir", "data", "tokenizer", "model", "attention", "norm", "pos",
-             "objective", "optim", "sched", "logger", "train", "distill"}
+@dataclass
+class TrainConfig:
+    """``llmlab train``'s whole config: the run's own settings, and one section per part,
+    filled by the config groups (``model/attention=gqa`` puts GQA's settings under ``attention``)."""
+
+    seed: int = 1337
+    device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
+    precision: str = "auto"  # auto (bf16 on CUDA GPUs that have it, else fp32) | fp32 | bf16 | fp16 (loss-scaled)
+    cache_dir: str | None = None  # prepared data; null: $LLMLAB_CACHE or .cache/llmlab
+    train: LoopConfig = field(default_factory=LoopConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    data: Any = None
+    tokenizer: Any = None
+    model: Any = None
+    attention: Any = None
+    ffn: Any = None
+    norm: Any = None
+    pos: Any = None
+    objective: Any = None
+    optim: Any = None
+    sched: Any = None
+    logger: Any = None
+
+    def check(self, prefix: str) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision: unknown '{self.precision}'; allowed: {', '.join(PRECISIONS)}")
+        resolve_device(self.device)  # an unknown or absent device is a config mistake
+
+
+ConfigStore.instance().store(group="schema", name="train", node=TrainConfig, provider="llmlab")
+TOP_LEVEL = {f.name for f in fields(TrainConfig)}
 
 
 @dataclass
@@ -88,31 +118,22 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     """Check every section of a composed ``train`` config; the first problem is a ConfigError
     that names its key. Also builds the model on the meta device, so size constraints between
     parts (heads and kv_heads, say) fail here rather than after data preparation."""
-    for key in cfg:
-        if key not in TOP_LEVEL and key != "hydra":
-            raise ConfigError(f"{key}: unknown key; allowed: {', '.join(sorted(TOP_LEVEL))}")
-    precision = str(cfg.get("precision", "auto"))
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision: unknown '{precision}'; allowed: {', '.join(PRECISIONS)}")
-    seed = cfg.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ConfigError(f"seed: expected an integer, got {seed!r}")
-    tokenizer = TOKENIZER.config(cfg.get("tokenizer"), "tokenizer")
-    resolve_device(str(cfg.get("device", "auto")))  # an unknown or absent device is a config mistake
+    top = parse_dataclass(TrainConfig, {k: v for k, v in cfg.items() if k != "hydra"}, "")
+    tokenizer = TOKENIZER.config(top.tokenizer, "tokenizer")
     job = TrainJob(
-        seed=seed,
-        device=str(cfg.get("device", "auto")),
-        precision=precision,
-        cache_dir=cfg.get("cache_dir"),
-        data=CORPUS.config(cfg.get("data"), "data"),
+        seed=top.seed,
+        device=top.device,
+        precision=top.precision,
+        cache_dir=top.cache_dir,
+        data=CORPUS.config(top.data, "data"),
         tokenizer=tokenizer,
         # the real vocabulary is known after tokenizing; the configured size stands in for the checks
         spec=ModelSpec.from_config(cfg, vocab_size=getattr(tokenizer, "vocab_size", 257)),
-        optim=OPTIMIZER.config(cfg.get("optim"), "optim"),
-        sched=SCHEDULE.config(cfg.get("sched"), "sched"),
-        logger=LOGGER.config(cfg.get("logger"), "logger"),
-        loop=parse_dataclass(LoopConfig, cfg.get("train"), "train"),
-        distill=parse_dataclass(DistillConfig, cfg.get("distill") or {}, "distill"),
+        optim=OPTIMIZER.config(top.optim, "optim"),
+        sched=SCHEDULE.config(top.sched, "sched"),
+        logger=LOGGER.config(top.logger, "logger"),
+        loop=top.train,
+        distill=top.distill,
     )
     if job.distill.teacher and job.distill.data == "teacher" and job.distill.prompt_tokens > job.spec.model.max_seq_len:
         raise ConfigError(f"distill.prompt_tokens: must be at most model.max_seq_len={job.spec.model.max_seq_len}, "

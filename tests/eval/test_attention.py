@@ -9,7 +9,7 @@ import torch
 
 from llmlab.eval.attention import collect, head_diversity, row_stats, summarize
 from llmlab.model.attention import ATTENTION
-from tests.conftest import tiny_model
+from tests.conftest import test_configs, tiny_model
 
 
 def test_uniform_and_one_hot_rows():
@@ -40,13 +40,11 @@ def test_head_diversity_is_the_earth_movers_distance():
     assert head_diversity(same).abs().max().item() < 1e-12
 
 
-KINDS = [{"kind": "mha"}, {"kind": "gqa", "kv_heads": 2}, {"kind": "mqa"}, {"kind": "swa", "window": 5},
-         {"kind": "mla", "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}]
+KINDS = test_configs(ATTENTION)
 
 
 @pytest.mark.parametrize("attn", KINDS, ids=[k["kind"] for k in KINDS])
 def test_every_attention_kind_is_analysed(attn):
-    assert {a["kind"] for a in KINDS} == set(ATTENTION.names())
     model = tiny_model(attention=attn)
     tokens = np.random.default_rng(0).integers(0, 97, 400)
     raw = collect(model, tokens, 16, windows=3, batch=2, device=torch.device("cpu"))

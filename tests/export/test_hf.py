@@ -53,7 +53,7 @@ CASES = {
     "swa window = context": (["model=llama", "model/attention=swa", "attention.window=32"], "LlamaForCausalLM"),
     "tiny with MTP heads": (["model=tiny", "model.mtp_heads=2"], "LlamaForCausalLM"),
     "gpt2": (["model=gpt2"], "GPT2LMHeadModel"),
-    "gpt2 tanh gelu, untied": (["model=gpt2", "model.ffn=gelu_tanh", "model.tie_embeddings=false"], "GPT2LMHeadModel"),
+    "gpt2 tanh gelu, untied": (["model=gpt2", "model/ffn=gelu_tanh", "model.tie_embeddings=false"], "GPT2LMHeadModel"),
     "gpt2 without biases": (["model=gpt2", "model.bias=false"], "GPT2LMHeadModel"),
 }
 
@@ -78,7 +78,7 @@ REFUSED = {
     "post-norm": (["model=llama", "norm=post"], "norm.placement=post"),
     "mla": (["model=mla"], "MLA"),
     "short window": (["model=llama", "model/attention=swa", "attention.window=8"], "sliding window of 8"),
-    "moe": (["model=llama", "model.ffn=moe"], "mixture of experts"),
+    "moe": (["model=llama", "model/ffn=moe"], "mixture of experts"),
     "mlm": (["model=bert"], "objective=mlm"),
     "sinusoidal": (["model=llama", "pos=sinusoidal"], "pos=sinusoidal"),
 }

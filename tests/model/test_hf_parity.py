@@ -10,8 +10,8 @@ from tests.model.test_presets import composed
 import transformers  # noqa: E402  (a test dependency: pip install -e ".[test]")
 
 
-def build(preset: str, **model) -> Transformer:
-    cfg = composed(f"model={preset}", *[f"model.{k}={v}" for k, v in model.items()])
+def build(preset: str, ffn: str | None = None, **model) -> Transformer:
+    cfg = composed(f"model={preset}", *[f"model.{k}={v}" for k, v in model.items()], *([f"model/ffn={ffn}"] if ffn else []))
     from llmlab.model.transformer import ModelSpec
     torch.manual_seed(0)
     m = Transformer(ModelSpec.from_config(cfg, vocab_size=500)).eval()

@@ -80,7 +80,7 @@ def test_router_jitter_only_in_training():
 
 
 def test_model_adds_the_weighted_balance_loss_and_logs_utilisation():
-    model = tiny_model(ffn="moe", moe={"n_experts": 4, "top_k": 2, "balance_coef": 0.1}).train()
+    model = tiny_model(ffn={"kind": "moe", "n_experts": 4, "top_k": 2, "balance_coef": 0.1}).train()
     x = torch.randint(0, 97, (2, 16))
     out = model(x, x)
     assert {"moe/balance_loss", "moe/load_max", "moe/load_min"} <= set(out.metrics)

@@ -1,25 +1,27 @@
 """Every model preset composes through Hydra, builds, and takes a training step."""
 
-from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from llmlab.cli import conf_dir
+from llmlab.cli import conf_dir, group_options, register_parts
+from llmlab.model.attention import ATTENTION
 from llmlab.model.transformer import ModelSpec, Transformer
 
-PRESETS = sorted(p.stem for p in (Path(conf_dir()) / "model").glob("*.yaml"))
+PRESETS = group_options("model")
 
 
 def composed(*overrides: str) -> dict:
+    register_parts()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return OmegaConf.to_container(compose("train", overrides=list(overrides)), resolve=True)
 
 
 def test_every_documented_preset_exists():
-    assert {"tiny", "gpt2", "llama", "bert", "pocket", "deepseek", "mha", "gqa", "mqa", "mla", "swa"} <= set(PRESETS)
+    """The recipes the README names, and ``model=<kind>`` for every attention kind."""
+    assert {"tiny", "gpt2", "llama", "bert", "pocket", "deepseek", *ATTENTION.names()} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -38,7 +40,7 @@ def test_preset_takes_a_training_step(preset):
 
 def test_presets_pick_their_parts_and_the_command_line_wins():
     gpt2 = composed("model=gpt2")
-    assert (gpt2["pos"]["kind"], gpt2["norm"]["kind"], gpt2["model"]["ffn"]) == ("learned", "layernorm", "gelu")
+    assert (gpt2["pos"]["kind"], gpt2["norm"]["kind"], gpt2["ffn"]["kind"]) == ("learned", "layernorm", "gelu")
     assert composed("model=gpt2", "pos=rope")["pos"]["kind"] == "rope"
     assert composed("model=bert")["objective"]["kind"] == "mlm"
     llama = composed("model=llama", "attention.kv_heads=4")

@@ -11,16 +11,12 @@ from llmlab.model.attention import ATTENTION
 from llmlab.model.block import BLOCK
 from llmlab.model.ffn import FFN
 from llmlab.model.position import POSITION
-from llmlab.model.transformer import Transformer
+from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, generate
-from tests.conftest import tiny_model, tiny_spec
+from tests.conftest import test_config, test_configs, tiny_model, tiny_spec
 
-# Small settings per kind, so that windows, groups and latents are really exercised at
-# width 32; a kind not named here is tested with its defaults.
-SMALL = {"gqa": {"kv_heads": 2}, "swa": {"window": 5, "kv_heads": 2},
-         "mla": {"q_rank": 12, "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}}
-ATTN = {name: {"kind": name, **SMALL.get(name, {})} for name in ATTENTION.names()}
-FFN_SMALL = {"moe": {"moe": {"n_experts": 4, "top_k": 2, "shared_experts": 1}}}
+# Each kind's small test settings, so that windows, groups and latents are really exercised at width 32
+ATTN = {c["kind"]: c for c in test_configs(ATTENTION)}
 COMBOS = list(itertools.product(ATTENTION.names(), POSITION.names(), BLOCK.names()))
 
 
@@ -46,7 +42,7 @@ def test_forward_backward_finite_and_causal(attn, pos, placement):
 
 @pytest.mark.parametrize("ffn", FFN.names())
 def test_every_ffn_trains(ffn):
-    model = tiny_model(ffn=ffn, **FFN_SMALL.get(ffn, {}))
+    model = tiny_model(ffn=test_config(FFN, ffn))
     x = torch.randint(0, 97, (2, 8))
     model.train()
     out = model(x, x)
@@ -291,12 +287,12 @@ def test_impossible_shapes_are_config_errors():
         Transformer(tiny_spec(attention={"kind": "gqa", "kv_heads": 3}))
     with pytest.raises(ConfigError, match=r"^model.n_heads: 5 does not divide model.d_model=32$"):
         tiny_spec(n_heads=5)
-    with pytest.raises(ConfigError, match=r"^model.ffn: unknown model.ffn 'relu3'; allowed: gelu, gelu_tanh, moe, relu2, swiglu$"):
+    with pytest.raises(ConfigError, match=rf"^ffn.kind: unknown ffn 'relu3'; allowed: {', '.join(FFN.names())}$"):
         tiny_spec(ffn="relu3")
     with pytest.raises(ConfigError, match=r"^attention.window: must be >= 1, got 0$"):
         tiny_spec(attention={"kind": "swa", "window": 0})
-    with pytest.raises(ConfigError, match=r"^model.moe.top_k: must be in \[1, model.moe.n_experts=2\], got 3$"):
-        tiny_spec(ffn="moe", moe={"n_experts": 2, "top_k": 3})
+    with pytest.raises(ConfigError, match=r"^ffn.top_k: must be in \[1, ffn.n_experts=2\], got 3$"):
+        tiny_spec(ffn={"kind": "moe", "n_experts": 2, "top_k": 3})
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
@@ -333,3 +329,18 @@ def test_mla_says_when_its_latent_caches_no_less_than_mha():
     [caveat] = at_64.caveats()
     assert "= 128 values per token and layer, not fewer than mha's 2 x model.d_model = 128" in caveat
     assert tiny_model(attention={"kind": "mla", "kv_rank": 96, "rope_dim": 32}, d_model=128).caveats() == []
+
+
+def test_a_checkpoint_spec_from_before_the_ffn_group_builds_the_same_model():
+    """Checkpoints written when the FFN lived in the model section (``model.ffn``,
+    ``model.ffn_hidden``, ``model.moe``) load as the same network."""
+    old = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, "ffn": "moe", "ffn_hidden": None,
+                     "moe": {"n_experts": 4, "top_k": 2, "shared_experts": 1, "expert_hidden": 48, "jitter": 0.0,
+                             "balance_coef": 0.01}},
+           "attention": {"kind": "mha"}, "norm": {"placement": "pre", "kind": "rmsnorm", "eps": 1e-5},
+           "pos": {"kind": "rope", "theta": 10000.0}, "objective": {"kind": "clm"}}
+    spec = ModelSpec.from_config(old, vocab_size=97)
+    assert spec == tiny_spec(ffn={"kind": "moe", "n_experts": 4, "top_k": 2, "shared_experts": 1, "hidden": 48})
+    assert ModelSpec.from_config(spec.to_dict(), vocab_size=97) == spec  # and today's round-trips
+    dense = {**old, "model": {**old["model"], "ffn": "gelu", "ffn_hidden": 40}}
+    assert ModelSpec.from_config(dense, vocab_size=97).ffn == FFN.get("gelu").Config(hidden=40)

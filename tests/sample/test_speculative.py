@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from llmlab.eval.stats import chi2_sf
+from llmlab.model.attention import ATTENTION
 from llmlab.sample.generate import SamplingConfig, generate, seen_tokens, token_probs
 from llmlab.sample.speculative import (ShortlistHead, frequent_tokens, shortlisted, speculative_generate, verify,
                                        verify_greedy)
-from tests.conftest import tiny_model
+from tests.conftest import test_config, test_configs, tiny_model
 
-KINDS = [{"kind": "mha"}, {"kind": "gqa", "kv_heads": 2}, {"kind": "mqa"}, {"kind": "swa", "window": 6},
-         {"kind": "mla", "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}]
+KINDS = test_configs(ATTENTION)
+SWA, MLA = test_config(ATTENTION, "swa"), test_config(ATTENTION, "mla")
 
 
 def chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -72,7 +73,7 @@ def test_greedy_verify_is_verify_on_one_hot_distributions():
         assert verify_greedy(best, drafts) == verify(p, q, drafts, g)
 
 
-@pytest.mark.parametrize("attn", [KINDS[0], KINDS[3]], ids=["mha", "swa"])
+@pytest.mark.parametrize("attn", [{"kind": "mha"}, SWA], ids=["mha", "swa"])
 def test_confidence_stop_drafts_less_and_keeps_greedy_output(attn):
     """spec.min_confidence ends a round's drafting after an unsure draft: the output stays the
     target's greedy output, and a threshold no draft reaches leaves one draft per round."""
@@ -118,7 +119,7 @@ def overfit_cycle(model, period: int = 7, steps: int = 150):
     return model.eval()
 
 
-@pytest.mark.parametrize("attn", [KINDS[0], KINDS[3], KINDS[4]], ids=["mha", "swa", "mla"])
+@pytest.mark.parametrize("attn", [{"kind": "mha"}, SWA, MLA], ids=["mha", "swa", "mla"])
 def test_self_speculative_with_mtp_heads_equals_plain_greedy(attn):
     prompt = [3, 5, 7, 9, 11]
     random = tiny_model(0, attention=attn, mtp_heads=3, init_std=0.3)  # heads that mostly miss

@@ -4,7 +4,7 @@ import torch
 from llmlab.errors import ConfigError
 from llmlab.train.optim import OPTIMIZER, build_optimizer, param_groups
 from llmlab.train.schedule import SCHEDULE
-from tests.conftest import tiny_model
+from tests.conftest import test_config, tiny_model
 
 
 def test_cosine_warms_up_then_decays_to_the_floor():
@@ -76,9 +76,7 @@ def test_schedule_config_errors_name_the_key():
 def test_every_optimizer_lowers_the_loss(kind):
     torch.manual_seed(0)
     model = tiny_model().train()
-    lrs = {"sgd": 0.1, "lion": 1e-3, "adamw": 3e-3, "muon": 0.02}
-    opt = build_optimizer(OPTIMIZER.config({"kind": kind, "lr": lrs.get(kind, 1e-3)}, "optim"), model,
-                          torch.device("cpu"))
+    opt = build_optimizer(OPTIMIZER.config(test_config(OPTIMIZER, kind), "optim"), model, torch.device("cpu"))
     assert all("base_lr" in g for g in opt.param_groups)
     x = torch.randint(0, 97, (4, 17))
     first = None
