@@ -113,7 +113,8 @@ def defaults_text(cls: type, skip: str = "kind") -> str:
         if f.name == skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        parts.append(f"{f.name}={'null' if default is None else json.dumps(default) if not isinstance(default, (int, float)) else default}")
+        text = default if isinstance(default, (int, float)) and not isinstance(default, bool) else json.dumps(default)
+        parts.append(f"{f.name}={text}")
     return ", ".join(parts)
 
 

@@ -300,6 +300,23 @@ class SlidingWindowAttention(GroupedQueryAttention):
                               device, dtype, slack)
 
 
+@ATTENTION.register("qknorm")
+class QKNormAttention(GroupedQueryAttention):
+    """Grouped-query attention with RMS-normalised queries and keys per head, before RoPE
+    (Dehghani et al. 2023; OLMo 2): attention logits stay bounded at high learning rates."""
+
+    @dataclass
+    class Config(GroupedQueryAttention.Config):
+        kind: str = "qknorm"
+
+    def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
+        super().__init__(cfg, d_model, n_heads, bias, causal)
+        self.q_norm, self.k_norm = RMSNorm(self.head_dim, 1e-6), RMSNorm(self.head_dim, 1e-6)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().rotate(self.q_norm(q), self.k_norm(k), rotary)
+
+
 @ATTENTION.register("mla")
 class MultiHeadLatentAttention(Attention):
     """Multi-head Latent Attention (DeepSeek-V2, Liu et al. 2024, section 2.1).

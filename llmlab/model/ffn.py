@@ -141,6 +141,18 @@ class SwiGLU(FeedForward):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@FFN.register("geglu")
+class GeGLU(SwiGLU):
+    """GEGLU (Shazeer 2020): down(gelu(gate(x)) * up(x)) with the tanh GELU, as in Gemma."""
+
+    @dataclass
+    class Config(FeedForward.Config):
+        kind: str = "geglu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
 @dataclass
 class MoEConfig(FeedForward.Config):
     """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""

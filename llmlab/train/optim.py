@@ -168,6 +168,34 @@ class Lion(OptimizerKind):
         return LionOptimizer(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
+@OPTIMIZER.register("adafactor")
+class Adafactor(OptimizerKind):
+    """Adafactor (Shazeer & Stern 2018): second moments of a matrix kept as a row and a column
+    factor, so its state grows with rows + columns, not rows x columns (torch.optim.Adafactor)."""
+
+    @dataclass
+    class Config:
+        kind: str = "adafactor"
+        lr: float = 1e-2  # peak learning rate; the schedule scales it
+        beta2_decay: float = -0.8  # the second moment's decay at step t is 1 - t^beta2_decay
+        eps: float = 1e-3  # updates are clipped relative to max(eps, RMS of the parameter)
+        weight_decay: float = 0.0
+        decay_embeddings: bool = False
+
+        def check(self, prefix: str) -> None:
+            if not self.lr > 0:
+                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
+            check_non_negative(self, prefix, "weight_decay", "eps")
+            if not hasattr(torch.optim, "Adafactor"):
+                raise ConfigError(f"{prefix}: optim=adafactor needs torch.optim.Adafactor (torch >= 2.5); this torch is "
+                                  f"{torch.__version__}")
+
+    @staticmethod
+    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+        groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+        return torch.optim.Adafactor(groups, lr=cfg.lr, beta2_decay=cfg.beta2_decay, eps=(None, cfg.eps))
+
+
 class OptimizerGroup:
     """Several optimizers stepped as one (Muon for hidden matrices, AdamW for the rest)."""
 
