@@ -333,6 +333,9 @@ def command_help(command: str) -> str:
         if isinstance(entry, dict):
             groups += [str(k).split("@")[0].lstrip("/") for k in entry if not str(k).startswith("override")]
     out = [help_cfg.get("header", f"llmlab {command}\n").rstrip("\n"), ""]
+    about = [line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#")]  # the first is the header's
+    if about:
+        out += [*about, ""]
     if groups:
         out += ["== Config groups (group=option) =="]
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):

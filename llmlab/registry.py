@@ -118,9 +118,15 @@ def defaults_text(cls: type, skip: str = "kind") -> str:
     return ", ".join(parts)
 
 
+def section(*, default: Any = None) -> Any:
+    """A field that a config group fills (``data``, ``model``, ``attention``...): typed ``Any``
+    in the schema, checked by the part's own registry."""
+    return dataclasses.field(default=default, metadata={"section": True})
+
+
 def settings_lines(cls: type, indent: int = 0) -> list[str]:
     """A Config dataclass as YAML: each field with its default and the comment its source line
-    carries (what `--help` prints). Fields typed ``Any`` are filled by config groups and left out."""
+    carries (what `--help` prints). Sections that config groups fill are left out."""
     import inspect
 
     from omegaconf import OmegaConf
@@ -129,7 +135,7 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if hints.get(f.name) is Any:
+        if f.metadata.get("section"):
             continue
         line = next((ln for ln in source if ln.strip().startswith(f"{f.name}:")), "")
         comment = line.split("  # ", 1)[1].strip() if "  # " in line else ""
@@ -143,6 +149,15 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
                  OmegaConf.to_yaml({"v": default}).strip()[3:].strip())
         out.append(f"{pad}{f.name}: {value}" + (f"  # {comment}" if comment else ""))
     return out
+
+
+def store_schema(name: str, node: type) -> type:
+    """Store a command's (or a section's) Config dataclass as ``schema/<name>``, which the
+    command's YAML pulls in first (``- /schema/<name>@_here_``)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="schema", name=name, node=node, provider="llmlab")
+    return node
 
 
 class Registry:

@@ -24,6 +24,18 @@ SAMPLE_TEXTS = {
 }
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """The tests' models are tiny: a second intra-op thread costs more in start-up than it
+    saves, and on a busy machine every extra thread waits for a core (the speculative-decoding
+    tests, 1,500 short generations each, ran 4x slower with two threads under load). Commands
+    the tests start as subprocesses keep torch's own default."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def write_corpus(root: Path, repeat: int = 1) -> Path:
     """``root/corpus``: the sample files, each text repeated ``repeat`` times."""
     d = root / "corpus"

@@ -2,38 +2,59 @@
 optionally an analysis (``analysis=attention``)."""
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmlab.errors import ConfigError
+from llmlab.registry import parse_dataclass, section, settings_lines, store_schema
 
-KEYS = ("ckpt", "split", "text", "batch_size", "max_batches", "max_tokens", "device", "precision", "cache_dir",
-        "data", "analysis")
+SPLITS = ("train", "val")
 
 
-def _positive_or_null(cfg: dict, key: str) -> None:
-    value = cfg.get(key)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{key}: must be an integer >= 1 or null, got {value!r}")
+@dataclass
+class EvalConfig:
+    """``llmlab eval``'s settings; ``data`` and ``analysis`` come from their config groups."""
+
+    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    split: str = "val"  # train | val
+    text: str | None = None  # a text file to score instead of a split
+    batch_size: int = 8
+    max_batches: int | None = None  # cap the batches scored (windows spread evenly over the data); null: all
+    max_tokens: int | None = None  # cap the tokens scored; null: the whole split
+    device: str = "auto"
+    precision: str = "auto"
+    cache_dir: str | None = None
+    data: Any = section()
+    analysis: Any = section()
+
+    def check(self, prefix: str) -> None:
+        from llmlab.data.corpus import CORPUS
+        from llmlab.eval.analysis import ANALYSIS
+        from llmlab.train.device import resolve_device
+
+        if self.split not in SPLITS:
+            raise ConfigError(f"split: unknown '{self.split}'; allowed: {', '.join(SPLITS)}")
+        for key in ("batch_size", "max_batches", "max_tokens"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key}: must be >= 1{' or null' if key != 'batch_size' else ''}, got {value}")
+        resolve_device(self.device)
+        if self.data is not None:
+            CORPUS.config(self.data, "data")
+        if self.analysis is not None:
+            ANALYSIS.config(self.analysis, "analysis")
+
+
+SCHEMA = store_schema("eval", EvalConfig)
 
 
 def validate(cfg: dict) -> None:
-    for key in cfg:
-        if key not in KEYS:
-            raise ConfigError(f"{key}: unknown key; allowed: {', '.join(KEYS)}")
-    if cfg.get("split") not in ("train", "val"):
-        raise ConfigError(f"split: unknown '{cfg.get('split')}'; allowed: train, val")
-    if not isinstance(cfg.get("batch_size"), int) or cfg["batch_size"] < 1:
-        raise ConfigError(f"batch_size: must be an integer >= 1, got {cfg.get('batch_size')!r}")
-    _positive_or_null(cfg, "max_tokens")
-    from llmlab.train.device import resolve_device
-    resolve_device(str(cfg.get("device", "auto")))
-    _positive_or_null(cfg, "max_batches")
-    if cfg.get("data") is not None:
-        from llmlab.data.corpus import CORPUS
-        CORPUS.config(cfg["data"], "data")
-    if cfg.get("analysis") is not None:
-        from llmlab.eval.analysis import ANALYSIS
-        ANALYSIS.config(cfg["analysis"], "analysis")
+    parse_dataclass(SCHEMA, cfg, "")
+
+
+def help_settings() -> list[str]:
+    return settings_lines(SCHEMA)
 
 
 def max_windows(cfg: dict, block: int) -> int | None:

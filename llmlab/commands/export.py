@@ -1,22 +1,35 @@
 """llmlab export: checkpoint -> a Hugging Face `transformers` directory."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmlab.errors import ConfigError
+from llmlab.registry import parse_dataclass, settings_lines, store_schema
 
-KEYS = ("ckpt", "format", "out", "overwrite")
+@dataclass
+class ExportConfig:
+    """``llmlab export``'s settings."""
+
+    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    format: str = "hf"  # hf: a Hugging Face transformers directory
+    out: str | None = None  # the directory to write; null: <this command's run dir>/hf
+    overwrite: bool = False  # replace a non-empty out directory
+
+    def check(self, prefix: str) -> None:
+        from llmlab.export import FORMATS
+        if self.format not in FORMATS:
+            raise ConfigError(f"format: unknown '{self.format}'; allowed: {', '.join(FORMATS)}")
+
+
+SCHEMA = store_schema("export", ExportConfig)
 
 
 def validate(cfg: dict) -> None:
-    from llmlab.export import FORMATS
+    parse_dataclass(SCHEMA, cfg, "")
 
-    for key in cfg:
-        if key not in KEYS:
-            raise ConfigError(f"{key}: unknown key; allowed: {', '.join(KEYS)}")
-    if cfg.get("format") not in FORMATS:
-        raise ConfigError(f"format: unknown '{cfg.get('format')}'; allowed: {', '.join(FORMATS)}")
-    if not isinstance(cfg.get("overwrite"), bool):
-        raise ConfigError(f"overwrite: expected true or false, got {cfg.get('overwrite')!r}")
+
+def help_settings() -> list[str]:
+    return settings_lines(SCHEMA)
 
 
 def run(cfg: dict, run_dir: Path) -> None:

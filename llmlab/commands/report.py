@@ -1,19 +1,34 @@
 """llmlab report: sweep or run directories -> grouped statistics, Markdown, JSON and a PNG."""
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmlab.errors import ConfigError
+from llmlab.registry import parse_dataclass, settings_lines, store_schema
 
-KEYS = ("runs", "baseline", "out")
+@dataclass
+class ReportConfig:
+    """``llmlab report``'s settings."""
+
+    runs: list[str] = field(default_factory=list)  # sweep or run directories (searched for summary.json)
+    baseline: Any = None  # the group the others are compared with: its label, a unique part of it, or its index; null: the first
+    out: str | None = None  # where report.md/.json/.png go; null: this command's run dir
+
+    def check(self, prefix: str) -> None:
+        if not self.runs:
+            raise ConfigError("runs: give at least one sweep or run directory (llmlab report DIR ...)")
+
+
+SCHEMA = store_schema("report", ReportConfig)
 
 
 def validate(cfg: dict) -> None:
-    for key in cfg:
-        if key not in KEYS:
-            raise ConfigError(f"{key}: unknown key; allowed: {', '.join(KEYS)}")
-    runs = cfg.get("runs")
-    if not isinstance(runs, list) or not runs:
-        raise ConfigError("runs: give at least one sweep or run directory (llmlab report DIR ...)")
+    parse_dataclass(SCHEMA, cfg, "")
+
+
+def help_settings() -> list[str]:
+    return settings_lines(SCHEMA)
 
 
 def run(cfg: dict, run_dir: Path) -> None:

@@ -1,63 +1,92 @@
 """llmlab sample: checkpoint + prompt(s) -> text; one prompt streams to stdout. With
 ``draft=<ckpt>`` or ``spec.mtp=true``, speculative decoding (exact)."""
 
+import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmlab.errors import ConfigError
+from llmlab.registry import parse_dataclass, settings_lines, store_schema
 
-KEYS = ("ckpt", "prompt", "prompt_file", "max_new_tokens", "temperature", "top_k", "top_p", "min_p",
-        "repetition_penalty", "stop_at_eos", "num_samples", "seed", "device", "precision", "pack_weights", "draft",
-        "spec")
+@dataclass
+class SpeculativeConfig:
+    """``spec.*``: speculative decoding, with ``draft=<ckpt>`` or the model's MTP heads."""
+
+    k: int = 4  # tokens drafted per round
+    mtp: bool = False  # true: self-speculative decoding with the model's own MTP heads (no draft)
+    compare: bool = True  # also time plain decoding of the same tokens, and report the speed-up
+    min_confidence: float = 0.0  # stop a round's drafting after a token the draft gave less than this probability
+    draft_vocab: int | None = None  # N: the draft proposes only the N most frequent training tokens (a cheaper head); null: all
+
+    def check(self, prefix: str) -> None:
+        if self.k < 1:
+            raise ConfigError(f"{prefix}.k: must be >= 1, got {self.k}")
+        if not 0 <= self.min_confidence <= 1:
+            raise ConfigError(f"{prefix}.min_confidence: must be in [0, 1], got {self.min_confidence}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ConfigError(f"{prefix}.draft_vocab: must be >= 1, or null for every token; got {self.draft_vocab}")
+
+
+@dataclass
+class SampleConfig:
+    """``llmlab sample``'s settings."""
+
+    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    prompt: Any = "def "  # a string, or a list: prompt='[def ,class ]'
+    prompt_file: str | None = None  # prompts from a file: one per line (.txt) or {"prompt": ...} per line (.jsonl)
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0: greedy
+    top_k: int | None = 50  # null: no top-k filter
+    top_p: float = 0.95  # nucleus sampling; 1.0: off
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0: off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the text (CTRL); 1: off
+    stop_at_eos: bool = True  # stop a sample at <|endoftext|>
+    num_samples: int = 1  # samples per prompt
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"
+    pack_weights: Any = "auto"  # auto | true | false: CPU decoding with oneDNN-prepacked weights (x86-64: auto is on)
+    draft: str | None = None  # a smaller checkpoint (same tokenizer) for speculative decoding
+    spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+
+    def check(self, prefix: str) -> None:
+        from llmlab.model.packing import check_pack
+        from llmlab.train.device import resolve_device
+
+        sampling_config(dataclasses.asdict(self))  # its own checks, with sample's top-level keys
+        resolve_device(self.device)
+        check_pack(self.pack_weights)
+        if self.num_samples < 1:
+            raise ConfigError(f"num_samples: must be >= 1, got {self.num_samples}")
+        prompt = self.prompt
+        if self.prompt_file is None and not (isinstance(prompt, str) or (
+                isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):
+            raise ConfigError("prompt: must be a string or a list of strings (\"\" starts from <|endoftext|>)")
+        if self.spec.mtp and self.draft is not None:
+            raise ConfigError("spec.mtp: self-speculative decoding uses no draft; drop draft= or spec.mtp=true")
+        if self.spec.draft_vocab is not None and self.draft is None:
+            raise ConfigError("spec.draft_vocab: shortlists a draft model's tokens; pass draft=<ckpt> or drop it")
+
+
+SCHEMA = store_schema("sample", SampleConfig)
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
-SPEC_KEYS = ("k", "mtp", "compare", "min_confidence", "draft_vocab")
 
 
 def sampling_config(cfg: dict):
-    from llmlab.registry import parse_dataclass
     from llmlab.sample.generate import SamplingConfig
     return parse_dataclass(SamplingConfig, {k: cfg[k] for k in SAMPLING_KEYS if k in cfg}, "")
 
 
 def validate(cfg: dict) -> None:
-    from llmlab.model.packing import check_pack
+    parse_dataclass(SCHEMA, cfg, "")
 
-    for key in cfg:
-        if key not in KEYS:
-            raise ConfigError(f"{key}: unknown key; allowed: {', '.join(KEYS)}")
-    sampling_config(cfg).check("")
-    from llmlab.train.device import resolve_device
-    resolve_device(str(cfg.get("device", "auto")))
-    check_pack(cfg.get("pack_weights", "auto"))
-    if not isinstance(cfg.get("num_samples"), int) or cfg["num_samples"] < 1:
-        raise ConfigError(f"num_samples: must be an integer >= 1, got {cfg.get('num_samples')!r}")
-    prompt = cfg.get("prompt")
-    if cfg.get("prompt_file") is None and not (isinstance(prompt, str) or
-                                               (isinstance(prompt, list) and prompt and
-                                                all(isinstance(p, str) for p in prompt))):
-        raise ConfigError("prompt: must be a string or a list of strings (\"\" starts from <|endoftext|>)")
-    spec = cfg.get("spec") or {}
-    for key in spec:
-        if key not in SPEC_KEYS:
-            raise ConfigError(f"spec.{key}: unknown key; allowed: {', '.join(SPEC_KEYS)}")
-    if not isinstance(spec.get("k"), int) or isinstance(spec.get("k"), bool) or spec["k"] < 1:
-        raise ConfigError(f"spec.k: must be an integer >= 1, got {spec.get('k')!r}")
-    for key in ("mtp", "compare"):
-        if not isinstance(spec.get(key), bool):
-            raise ConfigError(f"spec.{key}: expected true or false, got {spec.get(key)!r}")
-    confidence = spec.get("min_confidence", 0.0)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence <= 1:
-        raise ConfigError(f"spec.min_confidence: must be a number in [0, 1], got {confidence!r}")
-    if spec.get("mtp") and cfg.get("draft") is not None:
-        raise ConfigError("spec.mtp: self-speculative decoding uses no draft; drop draft= or spec.mtp=true")
-    vocab = spec.get("draft_vocab")
-    if vocab is not None:
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
-            raise ConfigError(f"spec.draft_vocab: must be an integer >= 1, or null for every token; got {vocab!r}")
-        if cfg.get("draft") is None:
-            raise ConfigError("spec.draft_vocab: shortlists a draft model's tokens; pass draft=<ckpt> or drop it")
+
+def help_settings() -> list[str]:
+    return settings_lines(SCHEMA)
 
 
 def read_prompts(cfg: dict) -> list[str]:
@@ -187,7 +216,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     with open(run_dir / "samples.jsonl", "a") as f:
         for i, text in completions:
             f.write(json.dumps({"ckpt": str(ckpt.path), "prompt": prompts[i], "completion": text,
-                                "settings": {k: cfg[k] for k in KEYS if k != "ckpt"}}) + "\n")
+                                "settings": {k: v for k, v in cfg.items() if k != "ckpt"}}) + "\n")
         f.write(json.dumps({"stats": record}) + "\n")
 
 

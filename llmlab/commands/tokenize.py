@@ -1,19 +1,37 @@
 """llmlab tokenize: corpus -> trained tokenizer -> token shards in the cache."""
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from llmlab.errors import ConfigError
+from llmlab.registry import parse_dataclass, section, settings_lines, store_schema
+
+
+@dataclass
+class TokenizeConfig:
+    """``llmlab tokenize``'s settings; ``data`` and ``tokenizer`` come from their config groups."""
+
+    cache_dir: str | None = None  # null: $LLMLAB_CACHE or .cache/llmlab
+    data: Any = section()
+    tokenizer: Any = section()
+
+    def check(self, prefix: str) -> None:
+        from llmlab.data.corpus import CORPUS
+        from llmlab.data.tokenizer import TOKENIZER
+        CORPUS.config(self.data, "data")
+        TOKENIZER.config(self.tokenizer, "tokenizer")
+
+
+SCHEMA = store_schema("tokenize", TokenizeConfig)
 
 
 def validate(cfg: dict) -> None:
-    from llmlab.data.corpus import CORPUS
-    from llmlab.data.tokenizer import TOKENIZER
-    for key in cfg:
-        if key not in ("data", "tokenizer", "cache_dir"):
-            raise ConfigError(f"{key}: unknown key; allowed: cache_dir, data, tokenizer")
-    CORPUS.config(cfg.get("data"), "data")
-    TOKENIZER.config(cfg.get("tokenizer"), "tokenizer")
+    parse_dataclass(SCHEMA, cfg, "")
+
+
+def help_settings() -> list[str]:
+    return settings_lines(SCHEMA)
 
 
 def run(cfg: dict, run_dir: Path) -> None:

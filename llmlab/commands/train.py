@@ -3,9 +3,11 @@ run of the sweep (llmlab.train.sweep)."""
 
 from pathlib import Path
 
+from llmlab.train.settings import TrainConfig as SCHEMA
+from llmlab.train.settings import check_train_config
+
 
 def validate(cfg: dict) -> None:
-    from llmlab.train.settings import check_train_config
     check_train_config(cfg)
 
 
@@ -13,8 +15,7 @@ def help_settings() -> list[str]:
     """The run's own settings, and the model section's (the tiny model's values)."""
     from llmlab.model.transformer import ModelConfig
     from llmlab.registry import settings_lines
-    from llmlab.train.settings import TrainConfig
-    return [*settings_lines(TrainConfig), "model:  # the tiny model's; a preset (model=gpt2) sets some",
+    return [*settings_lines(SCHEMA), "model:  # the tiny model's; a preset (model=gpt2) sets some",
             *settings_lines(ModelConfig, 2)]
 
 

@@ -25,7 +25,7 @@ from llmlab.model.loss import linear_cross_entropy, use_fused
 from llmlab.model.norm import NORM
 from llmlab.model.objective import IGNORE, OBJECTIVE
 from llmlab.model.position import POSITION
-from llmlab.registry import parse_dataclass
+from llmlab.registry import parse_dataclass, store_schema
 
 
 @dataclass
@@ -60,7 +60,7 @@ def _register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    store.store(group="schema", name="model", node=ModelConfig, provider="llmlab")
+    store_schema("model", ModelConfig)
     ATTENTION.on_register(lambda name, cls: store.store(
         group="model", name=name, provider="llmlab",
         node={"defaults": ["tiny", {"override attention": name}, "_self_"], "name": name}))

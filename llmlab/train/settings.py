@@ -6,14 +6,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import torch
-from hydra.core.config_store import ConfigStore
 
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.loss import HEAD_LOSS
 from llmlab.model.transformer import ModelSpec, Transformer
-from llmlab.registry import parse_dataclass
+from llmlab.registry import parse_dataclass, section, store_schema
 from llmlab.train.device import PRECISIONS, resolve_device
 from llmlab.train.distill import DistillConfig
 from llmlab.train.loggers import LOGGER
@@ -76,17 +75,17 @@ class TrainConfig:
     cache_dir: str | None = None  # prepared data; null: $LLMLAB_CACHE or .cache/llmlab
     train: LoopConfig = field(default_factory=LoopConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
-    data: Any = None
-    tokenizer: Any = None
-    model: Any = None
-    attention: Any = None
-    ffn: Any = None
-    norm: Any = None
-    pos: Any = None
-    objective: Any = None
-    optim: Any = None
-    sched: Any = None
-    logger: Any = None
+    data: Any = section()
+    tokenizer: Any = section()
+    model: Any = section()
+    attention: Any = section()
+    ffn: Any = section()
+    norm: Any = section()
+    pos: Any = section()
+    objective: Any = section()
+    optim: Any = section()
+    sched: Any = section()
+    logger: Any = section()
 
     def check(self, prefix: str) -> None:
         if self.precision not in PRECISIONS:
@@ -94,7 +93,7 @@ class TrainConfig:
         resolve_device(self.device)  # an unknown or absent device is a config mistake
 
 
-ConfigStore.instance().store(group="schema", name="train", node=TrainConfig, provider="llmlab")
+store_schema("train", TrainConfig)
 TOP_LEVEL = {f.name for f in fields(TrainConfig)}
 
 
