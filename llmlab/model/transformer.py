@@ -137,6 +137,17 @@ class MTPHead(nn.Module):
         return self.norm(self.proj(h))
 
 
+def check_sizes(spec: ModelSpec) -> None:
+    """Build one block's parts on the meta device, so that a size constraint between parts
+    (kv_heads and n_heads, say) is a ConfigError before any work. No weights are made, and no
+    embedding either: initialising one on the meta device alone imports torch's compiler."""
+    m = spec.model
+    causal = OBJECTIVE.build(spec.objective).causal
+    with torch.device("meta"):
+        ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias, causal=causal)
+        FFN.get(spec.ffn.kind, "ffn.kind").from_config(spec.ffn, m.d_model, m.bias)
+
+
 class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()

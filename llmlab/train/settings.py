@@ -11,7 +11,7 @@ from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.loss import HEAD_LOSS
-from llmlab.model.transformer import ModelSpec, Transformer
+from llmlab.model.transformer import ModelSpec, check_sizes
 from llmlab.registry import parse_dataclass, section, store_schema
 from llmlab.train.device import PRECISIONS, resolve_device
 from llmlab.train.distill import DistillConfig
@@ -115,8 +115,8 @@ class TrainJob:
 
 def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     """Check every section of a composed ``train`` config; the first problem is a ConfigError
-    that names its key. Also builds the model on the meta device, so size constraints between
-    parts (heads and kv_heads, say) fail here rather than after data preparation."""
+    that names its key. Also builds a block's parts on the meta device, so size constraints
+    between parts (heads and kv_heads, say) fail here rather than after data preparation."""
     top = parse_dataclass(TrainConfig, {k: v for k, v in cfg.items() if k != "hydra"}, "")
     tokenizer = TOKENIZER.config(top.tokenizer, "tokenizer")
     job = TrainJob(
@@ -143,8 +143,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
             raise ConfigError(f"train.batch_tokens: {job.loop.batch_tokens} is not a multiple of train.batch_size * "
                               f"model.max_seq_len = {micro}")
         job.loop.grad_accum = job.loop.batch_tokens // micro
-    with torch.device("meta"):
-        Transformer(job.spec)
+    check_sizes(job.spec)
     return job
 
 
