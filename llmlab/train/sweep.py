@@ -24,7 +24,8 @@ def run_job(cfg: dict, run_dir: Path, job_num: int) -> None:
     from llmlab import console
     from llmlab.errors import UserError
     from llmlab.files import atomic_write_text
-    from llmlab.train.loop import run_training, stopped_by_signal
+    from llmlab.train.card import stopped_by_signal
+    from llmlab.train.loop import run_training
 
     failed = run_dir / FAILED
     failed.unlink(missing_ok=True)

@@ -186,7 +186,7 @@ def test_the_live_bar_keeps_step_time_and_loss_readable_in_a_narrow_terminal(wid
 
     from rich.console import Console
 
-    from llmlab.train.loop import train_progress
+    from llmlab.train.meter import train_progress
     buf = io.StringIO()
     out = Console(file=buf, width=width, force_terminal=True, color_system=None)
     bar = train_progress(out, 5000)

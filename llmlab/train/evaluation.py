@@ -1,0 +1,52 @@
+"""Evaluation during training: validation loss, perplexity, accuracy and bits per byte on a
+fixed set of windows, a teacher comparison when distilling, and short prompt completions."""
+
+from __future__ import annotations
+
+import torch
+
+from llmlab.eval.loss import bits_per_byte, evaluate_loss
+from llmlab.model.transformer import Transformer
+from llmlab.sample.generate import SamplingConfig, generate
+
+
+def evaluate(trainer) -> tuple[dict[str, float], list[tuple[str, str]]]:
+    """Validation metrics and prompt completions of ``trainer``'s model. Every rank scores the
+    same windows, so all agree without a reduction; under FSDP they must all take part anyway."""
+    loop, model, windows = trainer.loop, trainer.model, trainer.loop.eval_windows or None
+    res = evaluate_loss(model, trainer.val_tokens, trainer.seq_len, loop.batch_size, trainer.device, trainer.amp,
+                        windows)
+    out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
+    if trainer.distiller is not None:
+        out.update(trainer.distiller.compare(model, trainer.val_tokens, trainer.seq_len, loop.batch_size,
+                                             trainer.device, trainer.amp, windows))
+    samples = []
+    if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
+        out["val/bpb"] = bits_per_byte(res["loss"], 1, trainer.bytes_per_token_val)
+        samples = complete_prompts(model, trainer.tokenizer, loop.prompts, loop.sample_tokens, trainer.device,
+                                   trainer.job.seed)
+    return out, samples
+
+
+def val_line(step: int, val: dict[str, float]) -> str:
+    bpb = f"  bpb {val['val/bpb']:.4f}" if "val/bpb" in val else ""
+    agree = (f"  teacher agreement {val['val/teacher_agreement']:.3f} KL {val['val/teacher_kl']:.3f}"
+             if "val/teacher_agreement" in val else "")
+    return f"step {step:>6}  val loss {val['val/loss']:.4f}  ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}{agree}"
+
+
+def complete_prompts(model: Transformer, tokenizer, prompts: list[str], n_tokens: int, device: torch.device,
+                     seed: int) -> list[tuple[str, str]]:
+    """Sample a short completion of each prompt, with a generator of its own so the training
+    random stream is untouched."""
+    if not prompts or not n_tokens:
+        return []
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cfg = SamplingConfig(max_new_tokens=n_tokens, temperature=0.8, top_k=50)
+    out = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt) or [tokenizer.eos_id or 0]
+        x = torch.tensor([ids], device=device)
+        y = generate(model, x, cfg, eos_id=tokenizer.eos_id, generator=gen)
+        out.append((prompt, tokenizer.decode(y[0, len(ids):].tolist(), skip_special=True)))
+    return out
