@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import itertools
-import re
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
+
+from llmlab.overrides import (expand_sweeps, hydra_overrides, keep_worker_ranks_out_of_outputs,
+                              name_sweep_runs_by_swept_keys, name_train_sweep_by_its_overrides, path_slug,
+                              paths_to_runs_override, quote_free_text, split_args)
 
 USAGE_COMMANDS = {
     "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
@@ -28,15 +30,6 @@ USAGE_COMMANDS = {
 USAGE = "usage: llmlab <command> [key=value ...] [-m] [--cfg job] [--help]\n\ncommands:\n" + "".join(
     f"  {name:<9} {line}\n" for name, line in USAGE_COMMANDS.items()) + (
     "\n`llmlab <command> --help` shows the command's config groups and settings.\n")
-
-# Hydra flags that take a value, and flags after which no config checking makes sense.
-_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                "--config-dir", "-cd", "--experimental-rerun"}
-_INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-_NO_CHECK_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc",
-                   "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-MAX_CHECKED_COMBINATIONS = 64
-
 
 def conf_dir() -> Path:
     """conf/ ships inside the package as llmlab/conf; in a source checkout it is ../conf."""
@@ -96,81 +89,6 @@ def guarded(fn: Callable) -> Callable:
                 raise
             fail(str(problem), 1)
     return wrapper
-
-
-def _override_args(args: list[str]) -> list[str]:
-    """Hydra's positional arguments (the overrides): not flags, nor the values flags take."""
-    found, i = [], 0
-    while i < len(args):
-        a = args[i]
-        if a in _VALUE_FLAGS:
-            i += 2
-            continue
-        if a == "--info":
-            i += 2 if i + 1 < len(args) and args[i + 1] in _INFO_VALUES else 1
-            continue
-        if not a.startswith("-"):
-            found.append(a)
-        i += 1
-    return found
-
-
-def _is_hydra_key(arg: str) -> bool:
-    key = arg.lstrip("+~").split("=")[0]
-    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
-
-
-def split_args(args: list[str]) -> tuple[list[str], bool]:
-    """The key=value overrides among Hydra's arguments (Hydra's own settings left out), and
-    whether they should be checked."""
-    check = not any(a in _NO_CHECK_FLAGS or a.split("=")[0] in _NO_CHECK_FLAGS for a in args)
-    return [a for a in _override_args(args) if not _is_hydra_key(a)], check
-
-
-def quote_free_text(arg: str) -> str:
-    """``prompt="def fib("`` reaches us as ``prompt=def fib(``, which Hydra's override grammar
-    rejects. A key=value that does not parse, and is not quoted already, is passed as a quoted
-    string; the config checks then judge the value as usual."""
-    if arg.startswith("-") or "=" not in arg:
-        return arg
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        OverridesParser.create().parse_override(arg)
-        return arg
-    except HydraException:
-        key, value = arg.split("=", 1)
-        if value[:1] in ("'", '"'):
-            return arg
-        return f"{key}={hydra_quote(value)}"
-
-
-def hydra_quote(value: str) -> str:
-    """``value`` as a single-quoted string of Hydra's override grammar."""
-    # in Hydra's quoted strings only backslashes before a quote (or the end) are escapes
-    value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
-    value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)
-    return f"'{value}'"
-
-
-def expand_sweeps(overrides: list[str]) -> list[list[str]]:
-    """Every combination of the sweep values in ``overrides`` (capped)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = []
-    for text, o in zip(overrides, parsed):
-        if o.is_sweep_override():
-            try:
-                key = text.split("=", 1)[0]
-                choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
-            except Exception:  # glob sweeps and the like: Hydra checks them itself
-                continue
-        else:
-            choices.append([text])
-    combos = itertools.product(*choices)
-    return [list(c) for c in itertools.islice(combos, MAX_CHECKED_COMBINATIONS)]
 
 
 def _explain(err: Exception, overrides: list[str], compose) -> str:
@@ -250,19 +168,6 @@ def preflight(command: str, args: list[str]) -> None:
                 fail(_explain(e, overrides, compose_all), 2)
 
 
-def hydra_overrides(args: list[str]) -> list[str]:
-    """The overrides of Hydra's own config among ``args`` (sweeps of them left to Hydra)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    def sweep(arg: str) -> bool:
-        try:
-            return OverridesParser.create().parse_override(arg).is_sweep_override()
-        except Exception:
-            return False  # Hydra reports what it cannot parse
-
-    return [a for a in _override_args(args) if _is_hydra_key(a) and not sweep(a)]
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -283,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
     register_parts()
     if {"--help", "-h"} & set(rest):
+        from llmlab.help import command_help
         sys.stdout.write(command_help(command))
         return
     preflight(command, rest)
@@ -315,78 +221,6 @@ def main(argv: list[str] | None = None) -> None:
         leave_without_finalizing(0)
 
 
-def command_help(command: str) -> str:
-    """A command's ``--help``: its own config groups, each option with its one-line description
-    (a registered part's docstring, a preset's first comment), and its own settings with their
-    defaults and comments. Hydra's help lists every group, which the other commands reject."""
-    import yaml
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from llmlab.registry import Registry, defaults_text
-
-    text = (conf_dir() / f"{command}.yaml").read_text()
-    doc = yaml.safe_load(text) or {}
-    help_cfg = (doc.get("hydra") or {}).get("help") or {}
-    groups = []
-    for entry in doc.get("defaults") or []:
-        if isinstance(entry, dict):
-            groups += [str(k).split("@")[0].lstrip("/") for k in entry if not str(k).startswith("override")]
-    out = [help_cfg.get("header", f"llmlab {command}\n").rstrip("\n"), ""]
-    about = [line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#")]  # the first is the header's
-    if about:
-        out += [*about, ""]
-    if groups:
-        out += ["== Config groups (group=option) =="]
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            loader = GlobalHydra.instance().config_loader()
-            for group in groups:
-                for sub in [group] + sorted(f"{group}/{g}" for g in loader.list_groups(group)):
-                    options = sorted(loader.get_group_options(sub))
-                    out.append(f"{sub}: {', '.join(options)}")
-                    for o in options:
-                        registry = Registry.by_group.get(sub)
-                        out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
-                        settings = defaults_text(registry.get(o).Config, registry.kind_key) if registry and o in registry else ""
-                        if settings:
-                            out.append(f"  {'':<14}   {settings}")
-        out.append("")
-    settings = getattr(importlib.import_module(f"llmlab.commands.{command}"), "help_settings", None)
-    out += ["== Settings (key=value) ==", *(settings() if settings else _settings_text(text)), ""]
-    out.append(help_cfg.get("footer", "").rstrip("\n"))
-    return "\n".join(out).rstrip("\n") + "\n"
-
-
-def _option_line(group: str, option: str, registry) -> str:
-    """One option's description: a registered part's docstring, else its YAML's first comment."""
-    from llmlab.registry import Registry, doc_line, first_sentence
-
-    if registry is not None and option in registry:
-        return doc_line(registry.get(option))
-    path = conf_dir() / group / f"{option}.yaml"
-    if path.is_file():
-        comment = [line[1:].strip() for line in path.read_text().splitlines()
-                   if line.startswith("#") and not line[1:].strip().startswith("@")]
-        return first_sentence("\n".join(comment))
-    attention = Registry.by_group.get("model/attention")
-    if group == "model" and attention is not None and option in attention:
-        return f"the tiny model with {option} attention (attention.* settings)"
-    return ""
-
-
-def _settings_text(text: str) -> list[str]:
-    """The YAML's own lines, comments kept, without its ``defaults:`` and ``hydra:`` blocks."""
-    lines, skipping = [], False
-    for line in text.splitlines():
-        if line and not line[0].isspace() and not line.startswith("#"):
-            skipping = line.split(":")[0] in ("defaults", "hydra")
-        if not skipping:
-            lines.append(line)
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    return lines
-
-
 def leave_without_finalizing(code) -> NoReturn:
     """End a torchrun worker as a normal exit would (every exit handler runs: wandb's,
     logging's, temporary files'; the streams are flushed) but without finalizing the
@@ -414,86 +248,6 @@ def leave_without_finalizing(code) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(code)
-
-
-def paths_to_runs_override(args: list[str]) -> list[str]:
-    """``llmlab report DIR ...``: arguments that name existing paths become ``runs=[...]``
-    (sweep directories may hold '=' and ',', so they cannot go through the override grammar
-    unquoted)."""
-    import os
-
-    paths, rest = [], []
-    for i, a in enumerate(args):
-        is_value = i > 0 and args[i - 1] in _VALUE_FLAGS
-        if not a.startswith("-") and not is_value and (os.path.exists(a) or "=" not in a):
-            paths.append(a)
-        else:
-            rest.append(a)
-    if not paths:
-        return rest
-    return add_overrides(rest, [f"runs=[{','.join(hydra_quote(p) for p in paths)}]"])
-
-
-def path_slug(text: str, limit: int = 60) -> str:
-    """A short, path-safe form of a job's overrides for its sweep directory name."""
-    text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", str(text).replace("/", "-"))
-    text = re.sub(r"-{2,}", "-", text).strip("-")
-    return text[:limit].rstrip("-,") or "defaults"
-
-
-def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:
-    """Under -m, name each job's directory by the keys that vary across the sweep only: the
-    fixed overrides go to Hydra's override_dirname exclude list."""
-    if not {"-m", "--multirun"} & set(args) or any("override_dirname" in a for a in args):
-        return args
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides, _ = split_args(args)
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # preflight reports bad overrides
-        return args
-    fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override()})
-    if not fixed:
-        return args
-    return add_overrides(args, [f"hydra.job.config.override_dirname.exclude_keys=[{','.join(fixed)}]"])
-
-
-def add_overrides(args: list[str], extra: list[str]) -> list[str]:
-    """``args`` with ``extra`` overrides placed just before the first of the user's, so all
-    overrides stay one run of positional arguments (argparse rejects a second run after a
-    flag such as ``--cfg job``)."""
-    for i, a in enumerate(args):
-        if "=" in a and not a.startswith("-") and (i == 0 or args[i - 1] not in _VALUE_FLAGS):
-            return [*args[:i], *extra, *args[i:]]
-    return [*args, *extra]
-
-
-def name_train_sweep_by_its_overrides(args: list[str]) -> list[str]:
-    """Under -m, a train sweep's directory is named by its overrides, not the time: running
-    the same sweep again finds its runs, skips the finished ones and resumes the rest."""
-    if not {"-m", "--multirun"} & set(args) or any(a.startswith("hydra.sweep.dir=") for a in args):
-        return args
-    import hashlib
-
-    overrides, _ = split_args(args)  # without Hydra's own: hydra.callbacks.report.baseline=... keeps the directory
-    digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:6]
-    # quoted: the slug keeps '=' and ',', which Hydra's override grammar reads as syntax
-    return add_overrides(args, [f"hydra.sweep.dir='outputs/train-sweep/{path_slug('_'.join(overrides), 80)}-{digest}'"])
-
-
-def keep_worker_ranks_out_of_outputs(args: list[str]) -> list[str]:
-    """Under torchrun, ranks other than 0 write nothing: rank 0 picks the run directory and
-    the trainer hands it to the others, so Hydra's own files go to a scratch directory."""
-    import os
-    import tempfile
-
-    if int(os.environ.get("WORLD_SIZE", 1)) <= 1 or int(os.environ.get("RANK", 0)) == 0:
-        return args
-    scratch = Path(tempfile.gettempdir()) / f"llmlab-rank{os.environ['RANK']}"
-    args = [a for a in args if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir=", "hydra.output_subdir="))]
-    return add_overrides(args, [f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null",
-                                "hydra/job_logging=disabled"])
 
 
 def register_resolvers() -> None:

@@ -132,7 +132,6 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
     from omegaconf import OmegaConf
 
     source = inspect.getsource(cls).splitlines()
-    hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         if f.metadata.get("section"):

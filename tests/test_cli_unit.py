@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmlab.cli import expand_sweeps, hydra_overrides, quote_free_text, split_args
+from llmlab.overrides import expand_sweeps, hydra_overrides, quote_free_text, split_args
 
 
 @pytest.mark.parametrize("value", ["def fib(", "it's", "x = [1, 2]", "a\\nb", "end\\", "q\\'x", "plain"])
@@ -30,10 +30,10 @@ def test_hydra_overrides_are_picked_out_for_their_own_check():
 
 
 def test_sweep_dir_names_are_short_and_path_safe():
-    from llmlab.cli import path_slug
+    from llmlab.overrides import path_slug
     assert path_slug("model/attention=mla,seed=1") == "model-attention=mla,seed=1"
     assert path_slug("data.paths=[/tmp/a b/*.txt],optim.lr=0.001") == "data.paths=-tmp-a-b-.txt-,optim.lr=0.001"
-    from llmlab.cli import name_sweep_runs_by_swept_keys
+    from llmlab.overrides import name_sweep_runs_by_swept_keys
     args = ["-m", "optim.lr=1e-3,3e-3", "model/attention=mha", "data.paths=[a.txt]"]
     assert name_sweep_runs_by_swept_keys(args)[1] == \
         "hydra.job.config.override_dirname.exclude_keys=[data.paths,model/attention]"
@@ -66,7 +66,7 @@ def test_ckpt_latest_finds_the_newest_checkpoint(tmp_path, monkeypatch):
 
 
 def test_added_overrides_join_the_users_so_flags_after_them_still_parse():
-    from llmlab.cli import add_overrides
+    from llmlab.overrides import add_overrides
     args = ["-m", "seed=0,1", "--cfg", "job"]
     assert add_overrides(args, ["hydra.x=1"]) == ["-m", "hydra.x=1", "seed=0,1", "--cfg", "job"]
     assert add_overrides(["-m"], ["hydra.x=1"]) == ["-m", "hydra.x=1"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-import torch
-
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError

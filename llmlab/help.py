@@ -1,0 +1,79 @@
+"""``llmlab <command> --help``: the command's own config groups, each option with one line on
+what it is and its settings' defaults, and the command's settings with their comments."""
+
+from __future__ import annotations
+
+import importlib
+
+from llmlab.cli import conf_dir
+
+def command_help(command: str) -> str:
+    """A command's ``--help``: its own config groups, each option with its one-line description
+    (a registered part's docstring, a preset's first comment), and its own settings with their
+    defaults and comments. Hydra's help lists every group, which the other commands reject."""
+    import yaml
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llmlab.registry import Registry, defaults_text
+
+    text = (conf_dir() / f"{command}.yaml").read_text()
+    doc = yaml.safe_load(text) or {}
+    help_cfg = (doc.get("hydra") or {}).get("help") or {}
+    groups = []
+    for entry in doc.get("defaults") or []:
+        if isinstance(entry, dict):
+            groups += [str(k).split("@")[0].lstrip("/") for k in entry if not str(k).startswith("override")]
+    out = [help_cfg.get("header", f"llmlab {command}\n").rstrip("\n"), ""]
+    about = [line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#")]  # the first is the header's
+    if about:
+        out += [*about, ""]
+    if groups:
+        out += ["== Config groups (group=option) =="]
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            loader = GlobalHydra.instance().config_loader()
+            for group in groups:
+                for sub in [group] + sorted(f"{group}/{g}" for g in loader.list_groups(group)):
+                    options = sorted(loader.get_group_options(sub))
+                    out.append(f"{sub}: {', '.join(options)}")
+                    for o in options:
+                        registry = Registry.by_group.get(sub)
+                        out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
+                        settings = defaults_text(registry.get(o).Config, registry.kind_key) if registry and o in registry else ""
+                        if settings:
+                            out.append(f"  {'':<14}   {settings}")
+        out.append("")
+    settings = getattr(importlib.import_module(f"llmlab.commands.{command}"), "help_settings", None)
+    out += ["== Settings (key=value) ==", *(settings() if settings else _settings_text(text)), ""]
+    out.append(help_cfg.get("footer", "").rstrip("\n"))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _option_line(group: str, option: str, registry) -> str:
+    """One option's description: a registered part's docstring, else its YAML's first comment."""
+    from llmlab.registry import Registry, doc_line, first_sentence
+
+    if registry is not None and option in registry:
+        return doc_line(registry.get(option))
+    path = conf_dir() / group / f"{option}.yaml"
+    if path.is_file():
+        comment = [line[1:].strip() for line in path.read_text().splitlines()
+                   if line.startswith("#") and not line[1:].strip().startswith("@")]
+        return first_sentence("\n".join(comment))
+    attention = Registry.by_group.get("model/attention")
+    if group == "model" and attention is not None and option in attention:
+        return f"the tiny model with {option} attention (attention.* settings)"
+    return ""
+
+
+def _settings_text(text: str) -> list[str]:
+    """The YAML's own lines, comments kept, without its ``defaults:`` and ``hydra:`` blocks."""
+    lines, skipping = [], False
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            skipping = line.split(":")[0] in ("defaults", "hydra")
+        if not skipping:
+            lines.append(line)
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return lines
