@@ -19,6 +19,7 @@ from pathlib import Path
 from llmlab.errors import UserError
 
 TMP = ".tmp-"
+OLD = ".old-"  # a complete directory moved aside while its replacement goes in
 _HOST = socket.gethostname().replace("-", "_")[:32] or "host"
 # errnos a user fixes by freeing space, raising a limit or choosing another directory
 DISK_ERRNOS = {errno.ENOSPC: "the device is full", errno.EDQUOT: "the disk quota is exhausted",
@@ -54,6 +55,27 @@ def owned_name(label: str, kind: str = TMP) -> str:
 def owned_tmp_dir(parent: Path, label: str) -> Path:
     """``parent/.tmp-<host>-<pid>-<label>-<random>``: a fresh directory whose name says who writes it."""
     return Path(tempfile.mkdtemp(prefix=owned_name(label), dir=parent))
+
+
+def replace_dir(tmp: Path, final: Path, fsync: bool = True) -> None:
+    """Put the finished directory ``tmp`` in place as ``final``. An existing ``final`` is
+    moved aside under an owned ``.old-`` name first and deleted once the new one is in, so at
+    every instant one complete copy exists under a name the next run knows (a checkpoint's
+    `recover_checkpoints` restores it). ``fsync``: make the files durable before they become
+    visible."""
+    tmp, final = Path(tmp), Path(final)
+    if fsync:
+        for f in tmp.iterdir():
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+    if final.exists():
+        old = final.parent / (owned_name(final.name, OLD) + "replaced")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
 
 
 def writer_alive(name: str, kind: str = TMP) -> bool:

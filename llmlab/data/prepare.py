@@ -7,6 +7,7 @@ temporary name and renamed into place, so an entry that exists is complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -111,10 +112,10 @@ def settings_key(data_cfg: Any, tok_cfg: Any, fingerprint: Mapping[str, Any], to
     return f"{data_cfg.kind}-{tok_cfg.kind}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def _progress() -> Progress:
+def _progress(disable: bool = False) -> Progress:
     return Progress(TextColumn("{task.description:<22}"), BarColumn(), DownloadColumn(),
                     TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=console.err, transient=False)
+                    console=console.err, transient=False, disable=disable)
 
 
 def _encode_split(docs: list[Document], tok: TextTokenizer, writer: ShardWriter, progress: Progress,
@@ -203,13 +204,13 @@ def read_meta(entry: Path) -> dict[str, Any]:
 
 def _build(corpus, factory, data_cfg, tok_cfg, out: Path, quiet: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
-    status = console.err.status("reading the corpus") if not quiet else _Null()
+    status = console.err.status("reading the corpus") if not quiet else contextlib.nullcontext()
     with status:
         split = corpus.split()
     t_read = time.perf_counter() - t0
     train_bytes = sum(d.nbytes for d in split.train)
 
-    with _progress() if not quiet else _NullProgress() as progress:
+    with _progress(disable=quiet) as progress:
         t1 = time.perf_counter()
         if factory.needs_training():
             task = progress.add_task("train tokenizer", total=train_bytes, rate="")
@@ -264,19 +265,3 @@ def print_summary(prepared: Prepared, cached: bool = False) -> None:
     t = m["timings"]
     console.out.print(f"vocab {m['vocab_size']:,} ({m['dtype']}); read {t['read_s']:.1f}s, tokenizer "
                       f"{t['tokenizer_s']:.1f}s, encode {t['encode_s']:.1f}s, total {t['total_s']:.1f}s")
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _NullProgress(_Null):
-    def add_task(self, *a, **k):
-        return 0
-
-    def update(self, *a, **k):
-        pass

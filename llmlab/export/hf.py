@@ -13,15 +13,14 @@ directory holds config.json, model.safetensors (transformers' names) and the tok
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from llmlab.errors import UserError
+from llmlab.files import owned_tmp_dir, replace_dir
 from llmlab.model.ffn import FFN
 
 
@@ -184,7 +183,7 @@ def export_hf(ckpt, model, out: Path, overwrite: bool = False) -> dict:
     config = family.config(spec, model, tok.eos_id)
     weights = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in family.weights(model).items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    tmp = owned_tmp_dir(out.parent, out.name)
     try:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
@@ -197,9 +196,7 @@ def export_hf(ckpt, model, out: Path, overwrite: bool = False) -> dict:
             {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.model.max_seq_len,
              "clean_up_tokenization_spaces": False, "add_bos_token": False, **special}, indent=2))
         (tmp / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -31,11 +31,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
-from llmlab.files import TMP, clean_stale, disk_error, owned_name, owned_tmp_dir
+from llmlab.files import OLD, TMP, clean_stale, disk_error, owned_tmp_dir, replace_dir
 
 REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
 MANIFEST = "manifest.json"
-OLD = ".old-"
 TOKEN_COUNTS = "token_counts.safetensors"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -91,16 +90,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
             save_file({"counts": torch.as_tensor(token_counts, dtype=torch.int64).contiguous()}, str(tmp / TOKEN_COUNTS))
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
         (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": step, "files": files}, indent=2))
-        for f in tmp.iterdir():  # durable before it becomes visible
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if final.exists():  # a re-save of the same step: the old copy stays until the new one is in
-            old = ckpt_root / (owned_name(name, OLD) + "replaced")
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        replace_dir(tmp, final)  # durable first; a re-save's old copy stays until the new one is in
         _fsync_dir(ckpt_root)
     except BaseException as e:
         if tmp is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab import console
+from llmlab.files import atomic_write_text
 from llmlab.registry import Registry
 
 LOGGER = Registry("logger", group="logger")
@@ -161,7 +162,5 @@ class JsonlWriter:
                 continue
             kept.append(line + "\n")
             records.append(record)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(kept))
         return records
