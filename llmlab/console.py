@@ -1,4 +1,7 @@
-"""The rich consoles every command prints through: status to stderr, results to stdout.
+"""The rich consoles every command prints through. ``out`` (stdout) carries what a command
+reports: a training run's card, log lines, evals and summary; an eval's table; a sample's
+text. ``err`` (stderr) carries everything else: warnings, progress bars and spinners, and
+the timing lines of `llmlab sample`, so that its stdout is the generated text alone.
 
 What they print is also kept in the command's log file in its run directory (`keeping`), as
 plain text and without the live progress bar's frames.

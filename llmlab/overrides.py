@@ -11,8 +11,6 @@ from pathlib import Path
 # Hydra flags that take a value, and flags after which no config checking makes sense.
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                 "--config-dir", "-cd", "--experimental-rerun"}
-
-
 _INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 _NO_CHECK_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc",
                    "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}

@@ -146,7 +146,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     amp = autocast(device, resolve_precision(str(cfg["precision"]), device))
     model = build_model(ckpt, device)
     tok = ckpt.tokenizer()
-    spec = cfg["spec"]
+    spec_cfg = cfg["spec"]  # the speculative-decoding settings (not a model spec)
     draft = draft_vocab = None
     if cfg.get("draft") is not None:
         dckpt = causal_checkpoint(cfg["draft"], "draft")
@@ -154,8 +154,8 @@ def run(cfg: dict, run_dir: Path) -> None:
             raise UserError(f"draft: {dckpt.path} uses another tokenizer than ckpt={ckpt.path}; "
                             "a draft must share the target's tokenizer")
         draft = build_model(dckpt, device)
-        draft_vocab = draft_shortlist(spec.get("draft_vocab"), dckpt, ckpt)
-    elif spec["mtp"] and not len(model.mtp):
+        draft_vocab = draft_shortlist(spec_cfg.get("draft_vocab"), dckpt, ckpt)
+    elif spec_cfg["mtp"] and not len(model.mtp):
         raise UserError(f"spec.mtp: {ckpt.path} has no MTP heads (model.mtp_heads=0); train with model.mtp_heads=N "
                         "or pass draft=<ckpt>")
     prompts = read_prompts(cfg)
@@ -163,10 +163,10 @@ def run(cfg: dict, run_dir: Path) -> None:
     eos_id = tok.eos_id if cfg.get("stop_at_eos", True) else None
     encoded = [tok.encode(p) or ([tok.eos_id] if tok.eos_id is not None else [0]) for p in prompts]
     gen = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
-    speculative = draft is not None or spec["mtp"]
-    stop = f", min_confidence={spec['min_confidence']:g}" if spec.get("min_confidence") else ""
+    speculative = draft is not None or spec_cfg["mtp"]
+    stop = f", min_confidence={spec_cfg['min_confidence']:g}" if spec_cfg.get("min_confidence") else ""
     stop += f", draft vocabulary {len(draft_vocab):,} tokens" if draft_vocab is not None else ""
-    how = (f", speculative: draft {Path(cfg['draft'])}, k={spec['k']}{stop}" if draft is not None
+    how = (f", speculative: draft {Path(cfg['draft'])}, k={spec_cfg['k']}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
     pack = cfg.get("pack_weights", "auto")
     with amp, torch.no_grad():
@@ -181,8 +181,8 @@ def run(cfg: dict, run_dir: Path) -> None:
     t0 = time.perf_counter()
     with amp:
         if speculative:
-            results, stats = _speculative(model, draft, encoded, n, sampling, spec["k"], eos_id, gen, writer,
-                                          float(spec.get("min_confidence", 0.0)), pack, draft_vocab)
+            results, stats = _speculative(model, draft, encoded, n, sampling, spec_cfg["k"], eos_id, gen, writer,
+                                          float(spec_cfg.get("min_confidence", 0.0)), pack, draft_vocab)
         else:
             results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer, pack)
     elapsed = time.perf_counter() - t0
@@ -204,7 +204,7 @@ def run(cfg: dict, run_dir: Path) -> None:
         line += (f"; acceptance {stats['acceptance']:.1%}, {stats['tokens_per_forward']:.2f} tokens per target "
                  f"forward")
         record.update({k: stats[k] for k in ("acceptance", "tokens_per_forward", "rounds")})
-        if spec["compare"]:
+        if spec_cfg["compare"]:
             with amp:
                 base = _compare(model, encoded, n, sampling, results, stats, gen, device, pack)
             base["speedup"] = base["plain_seconds"] / max(elapsed, 1e-9)
