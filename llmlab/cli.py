@@ -50,16 +50,6 @@ def register_parts() -> None:
         importlib.import_module(name)
 
 
-def group_options(group: str) -> list[str]:
-    """The options of a config group: YAML files under conf/ and registered Config dataclasses."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_parts()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
-
-
 def fail(message: str, code: int = 1) -> None:
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
     sys.stderr.write(f"llmlab: error: {first}\n")

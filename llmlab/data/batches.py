@@ -67,12 +67,6 @@ def fixed_window_batches(tokens: np.ndarray, block: int, batch: int, max_windows
         yield torch.from_numpy(np.stack([tokens[s:s + block + 1] for s in starts[first:first + batch]]).astype(np.int64))
 
 
-def fixed_windows(tokens: np.ndarray, block: int, batch: int, max_windows: int | None = None):
-    """(inputs, targets) next-token batches of `fixed_window_batches`; every target once."""
-    for data in fixed_window_batches(tokens, block, batch, max_windows):
-        yield data[:, :-1], data[:, 1:]
-
-
 def num_fixed_windows(tokens: np.ndarray, block: int, max_windows: int | None = None) -> int:
     n = (len(tokens) - 1) // block
     return n if max_windows is None else min(n, max_windows)

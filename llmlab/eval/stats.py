@@ -95,11 +95,6 @@ def t_quantile(p: float, df: float) -> float:
     return (lo + hi) / 2
 
 
-def chi2_sf(x: float, df: int) -> float:
-    """P(X > x) for a chi-square variable with ``df`` degrees of freedom."""
-    return gammaincc(df / 2, x / 2)
-
-
 @dataclass
 class Interval:
     mean: float

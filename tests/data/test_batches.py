@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmlab.data.batches import RandomWindows, fixed_windows, num_fixed_windows
+from llmlab.data.batches import RandomWindows, fixed_window_batches, num_fixed_windows
 from llmlab.errors import UserError
 
 
@@ -39,7 +39,7 @@ def test_ranks_split_one_global_batch_that_depends_only_on_the_seed():
 
 def test_fixed_windows_score_every_token_once():
     tokens = np.arange(103, dtype=np.uint16)
-    batches = list(fixed_windows(tokens, block=10, batch=3))
+    batches = [(w[:, :-1], w[:, 1:]) for w in fixed_window_batches(tokens, block=10, batch=3)]
     ys = np.concatenate([y.numpy().ravel() for _, y in batches])
     assert num_fixed_windows(tokens, 10) == 10
     assert ys.tolist() == list(range(1, 101))
@@ -48,7 +48,7 @@ def test_fixed_windows_score_every_token_once():
 
 def test_partial_eval_spreads_windows_over_the_split():
     tokens = np.arange(1001, dtype=np.uint16)
-    firsts = [int(x[i, 0]) for x, _ in fixed_windows(tokens, block=10, batch=2, max_windows=4) for i in range(len(x))]
+    firsts = [int(w[i, 0]) for w in fixed_window_batches(tokens, block=10, batch=2, max_windows=4) for i in range(len(w))]
     assert firsts == [0, 330, 660, 990]
 
 

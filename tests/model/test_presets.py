@@ -6,9 +6,18 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from llmlab.cli import conf_dir, group_options, register_parts
+from llmlab.cli import conf_dir, register_parts
 from llmlab.model.attention import ATTENTION
 from llmlab.model.transformer import ModelSpec, Transformer
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: YAML files under conf/ and registered Config dataclasses."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_parts()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+
 
 PRESETS = group_options("model")
 
