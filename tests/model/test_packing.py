@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from llmlab.errors import ConfigError
+from llmlab.model.attention import ATTENTION
 from llmlab.model.packing import check_pack, packed_linears, packing_supported
 from llmlab.sample.generate import SamplingConfig, generate
 from llmlab.sample.speculative import speculative_generate
-from tests.conftest import tiny_model
+from tests.conftest import test_configs, tiny_model
 
-KINDS = [{"kind": "mha"}, {"kind": "gqa", "kv_heads": 2}, {"kind": "swa", "window": 5},
-         {"kind": "mla", "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}]
+KINDS = test_configs(ATTENTION)
 
 
 def swapped(model) -> list[nn.Linear]:
