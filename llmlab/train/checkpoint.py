@@ -1,5 +1,8 @@
 """Checkpoints: one directory per save, written under a temporary name and renamed.
 
+The writer, the reader, the completeness rule and the recovery after a kill share this one
+module (about 350 lines), so the format has a single definition and they cannot drift apart.
+
     step_000500/
       model.safetensors   weights (tied tensors stored once)
       trainer.pt          optimizer and RNG states (tensors and plain data: weights_only)

@@ -3,7 +3,9 @@
 `Trainer` builds a run (data, model, optimizer, resume state) and ``run`` is the loop. Each
 of its parts has a module of its own: `llmlab.train.meter` (the log window and records),
 `llmlab.train.evaluation`, `llmlab.train.resume` (checkpoints), `llmlab.train.stopping`
-(signals and budgets) and `llmlab.train.card` (the model card and the summary).
+(signals and budgets) and `llmlab.train.card` (the model card and the summary). What stays
+here (about 400 lines) is what reads and writes the trainer's own state: the build with the
+checks that belong to each of its steps, the step, and the writers of records and summary.
 """
 
 from __future__ import annotations

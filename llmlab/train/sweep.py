@@ -61,7 +61,8 @@ class SweepReport(Callback):
         from llmlab import console
         from llmlab.cli import fail
         from llmlab.errors import UserError
-        from llmlab.eval.report import natural_key, write_report
+        from llmlab.eval.report import write_report
+        from llmlab.eval.runs import natural_key
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         jobs = sorted((p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()), key=natural_key)
