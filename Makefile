@@ -43,12 +43,14 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"
 	$(PYTHON) -m bench.speculative
 	$(PYTHON) -m bench.head_loss
+	$(PYTHON) -m bench.cli
 
 bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, and its kernel-time split; results go to bench/results/
 	$(PYTHON) -m bench.gpu --batch-size 32
 	$(PYTHON) -m bench.gpu_probe --variants base,flash --profile --name gpu_probe_attention
 	$(PYTHON) -m bench.gpu_probe --variants base,plainloss,bs64 --profile --name gpu_probe_head_loss
 	$(PYTHON) -m bench.head_loss
+	$(PYTHON) -m bench.cli
 
 clean:  ## run outputs, prepared data and build leftovers (keeps .venv)
 	rm -rf outputs multirun wandb .cache .pytest_cache build dist *.egg-info

@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab.help import command_help
         sys.stdout.write(command_help(command))
         return
-    preflight(command, rest)
+    showing = bool({"--cfg", "-c", "--info"} & set(rest))
+    if not showing:  # --cfg/--info only show a config: Hydra composes it once, its errors become one line below
+        preflight(command, rest)
     rest = name_sweep_runs_by_swept_keys(rest)
     if command == "train":
         rest = name_train_sweep_by_its_overrides(rest)
@@ -197,6 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         try:
             app()
+        except Exception as e:
+            if showing and _is_config_error(e):
+                fail(_explain(e, split_args(rest)[0], _composer(command)), 2)
+            raise
         except OSError as e:
             from llmlab.files import disk_error
             problem = disk_error(e, "a file")
@@ -209,6 +215,24 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if worker:
         leave_without_finalizing(0)
+
+
+def _is_config_error(e: Exception) -> bool:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+    return isinstance(e, (HydraException, OmegaConfBaseException))
+
+
+def _composer(command: str) -> Callable:
+    """A ``compose(overrides)`` for `_explain`, after Hydra's own app gave up."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    def compose_with(overrides: list[str]):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=command):
+            return compose(config_name=command, overrides=overrides, return_hydra_config=True)
+    return compose_with
 
 
 def leave_without_finalizing(code) -> NoReturn:

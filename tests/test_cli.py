@@ -66,6 +66,17 @@ def test_cfg_job_shows_the_composed_config(tmp_path):
     assert "kind: gqa" in r.stdout and "kv_heads: 2" in r.stdout and "name: gqa" in r.stdout
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["model.d_model=abc"], "model.d_model: expected an integer, got 'abc'"),
+    (["model/ffn=swish"], "model/ffn=swish: unknown option; allowed: "),
+    (["hydra.callbacks.report.baselin=1"], "allowed under 'hydra.callbacks.report': _target_, baseline"),
+])
+def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fragment):
+    """--cfg only shows a config, so Hydra composes it alone (no check composes it first);
+    what its composition rejects is still one line."""
+    one_line_error(run_cli("train", *args, "--cfg", "job", cwd=tmp_path), 2, fragment)
+
+
 @pytest.mark.parametrize("args, fragments", [
     (["train", "attention.kv_head=2"], ["attention.kv_head: unknown key"]),
     (["train", "model=gqa", "attention.kv_head=2"], ["attention.kv_head: unknown key", "kind, kv_heads"]),
