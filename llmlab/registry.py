@@ -26,7 +26,7 @@ import json
 import math
 import re
 import typing
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from llmlab.errors import ConfigError
 
@@ -65,11 +65,26 @@ def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
     return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")
 
 
+def choice(default: Any, allowed: Sequence[Any]) -> Any:
+    """A setting that takes one of ``allowed`` (None is written null): the schema declares the
+    choices, `parse_dataclass` checks them, ``--help`` shows them."""
+    return dataclasses.field(default=default, metadata={"choices": tuple(allowed)})
+
+
+def _name(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
 def _check(obj: Any, prefix: str) -> None:
-    """What a type cannot say: no setting means infinity or NaN (a budget says "none" with
-    null), and each dataclass's own ``check(prefix)`` (ranges, choices), nested ones first."""
+    """What a type cannot say: a declared choice, no setting means infinity or NaN (a budget
+    says "none" with null), and each dataclass's own ``check(prefix)`` (ranges, relations
+    between settings), nested ones first."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
+        allowed = f.metadata.get("choices")
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"{join_key(prefix, f.name)}: unknown '{_name(value)}'; allowed: "
+                              f"{', '.join(map(_name, allowed))}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be a finite number, got {value!r}")
         if dataclasses.is_dataclass(value):
@@ -138,6 +153,8 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
             continue
         line = next((ln for ln in source if ln.strip().startswith(f"{f.name}:")), "")
         comment = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+        if "choices" in f.metadata:
+            comment = " | ".join(map(_name, f.metadata["choices"])) + (f"; {comment}" if comment else "")
         pad = " " * indent
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if dataclasses.is_dataclass(default):

@@ -61,3 +61,16 @@ def test_registry_unknown_kind_lists_the_variants():
         reg.config({"kind": "a", "size": 1}, "thing")
     with pytest.raises(ValueError):
         reg.register("a")(A)
+
+
+def test_a_declared_choice_is_checked_and_named_with_its_alternatives():
+    from llmlab.registry import choice, settings_lines
+
+    @dataclass
+    class Picky:
+        mode: str | None = choice("fast", ("fast", "slow", None))  # how hard to try
+
+    assert parse_dataclass(Picky, {"mode": None}, "p").mode is None
+    with pytest.raises(ConfigError, match=r"^p.mode: unknown 'medium'; allowed: fast, slow, null$"):
+        parse_dataclass(Picky, {"mode": "medium"}, "p")
+    assert settings_lines(Picky) == ["mode: fast  # fast | slow | null; how hard to try"]

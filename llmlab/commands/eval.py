@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.errors import ConfigError
-from llmlab.registry import parse_dataclass, section, settings_lines, store_schema
+from llmlab.train.device import PRECISIONS
+from llmlab.registry import choice, parse_dataclass, section, settings_lines, store_schema
 
 SPLITS = ("train", "val")
 
@@ -17,13 +18,13 @@ class EvalConfig:
     """``llmlab eval``'s settings; ``data`` and ``analysis`` come from their config groups."""
 
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
-    split: str = "val"  # train | val
+    split: str = choice("val", SPLITS)
     text: str | None = None  # a text file to score instead of a split
     batch_size: int = 8
     max_batches: int | None = None  # cap the batches scored (windows spread evenly over the data); null: all
     max_tokens: int | None = None  # cap the tokens scored; null: the whole split
     device: str = "auto"
-    precision: str = "auto"
+    precision: str = choice("auto", PRECISIONS)
     cache_dir: str | None = None
     data: Any = section()
     analysis: Any = section()
@@ -33,8 +34,6 @@ class EvalConfig:
         from llmlab.eval.analysis import ANALYSIS
         from llmlab.train.device import resolve_device
 
-        if self.split not in SPLITS:
-            raise ConfigError(f"split: unknown '{self.split}'; allowed: {', '.join(SPLITS)}")
         for key in ("batch_size", "max_batches", "max_tokens"):
             value = getattr(self, key)
             if value is not None and value < 1:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.errors import ConfigError
-from llmlab.registry import parse_dataclass, settings_lines, store_schema
+from llmlab.registry import choice, parse_dataclass, settings_lines, store_schema
+from llmlab.train.device import PRECISIONS
 
 @dataclass
 class SpeculativeConfig:
@@ -51,7 +52,7 @@ class SampleConfig:
     num_samples: int = 1  # samples per prompt
     seed: int = 0
     device: str = "auto"
-    precision: str = "auto"
+    precision: str = choice("auto", PRECISIONS)
     pack_weights: Any = "auto"  # auto | true | false: CPU decoding with oneDNN-prepacked weights (x86-64: auto is on)
     draft: str | None = None  # a smaller checkpoint (same tokenizer) for speculative decoding
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)

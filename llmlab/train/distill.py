@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from llmlab.data.batches import fixed_window_batches
 from llmlab.errors import ConfigError, UserError
+from llmlab.registry import choice
 from llmlab.sample.generate import SamplingConfig, generate
 
 DATA = ("corpus", "teacher")
@@ -39,7 +40,7 @@ class DistillConfig:
     teacher: str | None = None  # a checkpoint or run dir; null: no distillation
     weight: float = 1.0  # share of the KL term in the loss; 0 = the plain data loss
     temperature: float = 1.0  # softens both distributions in the KL term
-    data: str = "corpus"  # corpus | teacher
+    data: str = choice("corpus", DATA)  # corpus: the training windows; teacher: the teacher's continuations of their start
     prompt_tokens: int = 8  # data=teacher: tokens of each training window kept as the prompt
     gen_temperature: float = 0.0  # data=teacher: 0 = the teacher's greedy text, else sampled
     gen_batch: int = 64  # data=teacher: windows the teacher writes at once (batched decoding is cheaper)
@@ -49,8 +50,6 @@ class DistillConfig:
             raise ConfigError(f"{prefix}.weight: must be in [0, 1], got {self.weight}")
         if self.temperature <= 0:
             raise ConfigError(f"{prefix}.temperature: must be > 0, got {self.temperature}")
-        if self.data not in DATA:
-            raise ConfigError(f"{prefix}.data: unknown '{self.data}'; allowed: {', '.join(DATA)}")
         for key in ("prompt_tokens", "gen_batch"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from llmlab import console
 from llmlab.files import atomic_write_text
-from llmlab.registry import Registry
+from llmlab.registry import Registry, choice
 
 LOGGER = Registry("logger", group="logger")
 
@@ -56,13 +56,8 @@ class WandbLogger(Logger):
         name: str | None = None
         group: str | None = None
         tags: list[str] = field(default_factory=list)
-        mode: str = "auto"  # auto | online | offline | disabled
+        mode: str = choice("auto", ("auto", "online", "offline", "disabled"))  # auto: online with an API key and a network
         init_timeout: float = 30.0
-
-        def check(self, prefix: str) -> None:
-            from llmlab.errors import ConfigError
-            if self.mode not in ("auto", "online", "offline", "disabled"):
-                raise ConfigError(f"{prefix}.mode: unknown '{self.mode}'; allowed: auto, online, offline, disabled")
 
     def start(self, run_dir: Path, config: dict) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")

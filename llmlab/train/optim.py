@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Registry
+from llmlab.registry import Registry, choice
 
 OPTIMIZER = Registry("optim", group="optim")
 
@@ -238,7 +238,7 @@ class Muon(OptimizerKind):
         momentum: float = 0.95
         nesterov: bool = True
         weight_decay: float = 0.0
-        adjust_lr: str | None = "match_rms_adamw"  # null | original | match_rms_adamw: scale updates so one lr suits every shape
+        adjust_lr: str | None = choice("match_rms_adamw", (None, "original", "match_rms_adamw"))  # scale updates so one lr suits every shape
         adamw_lr: float = 3e-3
         adamw_beta1: float = 0.9
         adamw_beta2: float = 0.95
@@ -248,9 +248,6 @@ class Muon(OptimizerKind):
             if not self.lr > 0 or not self.adamw_lr > 0:
                 raise ConfigError(f"{prefix}.lr and {prefix}.adamw_lr: must be > 0")
             check_non_negative(self, prefix, "weight_decay", "adamw_weight_decay")
-            if self.adjust_lr not in (None, "original", "match_rms_adamw"):
-                raise ConfigError(f"{prefix}.adjust_lr: unknown '{self.adjust_lr}'; allowed: null, original, "
-                                  "match_rms_adamw")
             if not hasattr(torch.optim, "Muon"):
                 raise ConfigError(f"{prefix}: optim=muon needs torch.optim.Muon (torch >= 2.9); this torch is "
                                   f"{torch.__version__}; use optim=adamw or upgrade torch")

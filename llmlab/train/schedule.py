@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Registry
+from llmlab.registry import Registry, choice
 
 SCHEDULE = Registry("sched", group="sched")
 
@@ -97,14 +97,12 @@ class WarmupStableDecay(Schedule):
     class Config(DecayConfig):
         kind: str = "wsd"
         decay_fraction: float = 0.2
-        cooldown: str = "linear"  # linear | cosine
+        cooldown: str = choice("linear", ("linear", "cosine"))  # the shape of the final decay
 
         def check(self, prefix: str) -> None:
             super().check(prefix)
             if not 0 < self.decay_fraction <= 1:
                 raise ConfigError(f"{prefix}.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
-            if self.cooldown not in ("linear", "cosine"):
-                raise ConfigError(f"{prefix}.cooldown: unknown '{self.cooldown}'; allowed: linear, cosine")
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:

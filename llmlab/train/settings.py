@@ -10,7 +10,7 @@ from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.loss import HEAD_LOSS
 from llmlab.model.transformer import ModelSpec, check_sizes
-from llmlab.registry import parse_dataclass, section, store_schema
+from llmlab.registry import choice, parse_dataclass, section, store_schema
 from llmlab.train.device import PRECISIONS, resolve_device
 from llmlab.train.distill import DistillConfig
 from llmlab.train.loggers import LOGGER
@@ -41,7 +41,7 @@ class LoopConfig:
     max_steps: int | None = None  # stop at this step and save a checkpoint; the schedule still spans steps (resume later)
     max_time: float | None = None  # seconds; stop and save a checkpoint once training has run this long
     fsdp: bool = False  # under torchrun: FSDP2 (shard params, grads, optimizer state) instead of DDP
-    head_loss: str = "auto"  # fused: LM head + cross-entropy in chunks, no logits kept | plain | auto: fused where a micro-batch has >= 4M logits, not in fp16
+    head_loss: str = choice("auto", HEAD_LOSS)  # fused: LM head + cross-entropy in chunks, no logits kept; auto: fused where a micro-batch has >= 4M logits, not in fp16
 
     def check(self, prefix: str) -> None:
         for key in ("steps", "batch_size", "grad_accum", "log_every"):
@@ -56,8 +56,6 @@ class LoopConfig:
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"{prefix}.{key}: must be > 0 or null, got {value}")
-        if self.head_loss not in HEAD_LOSS:
-            raise ConfigError(f"{prefix}.head_loss: unknown '{self.head_loss}'; allowed: {', '.join(HEAD_LOSS)}")
         if self.max_time is not None and self.max_time < 0:
             raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
 
@@ -69,7 +67,7 @@ class TrainConfig:
 
     seed: int = 1337
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
-    precision: str = "auto"  # auto (bf16 on CUDA GPUs that have it, else fp32) | fp32 | bf16 | fp16 (loss-scaled)
+    precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it, else fp32; fp16 is loss-scaled
     cache_dir: str | None = None  # prepared data; null: $LLMLAB_CACHE or .cache/llmlab
     train: LoopConfig = field(default_factory=LoopConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -86,8 +84,6 @@ class TrainConfig:
     logger: Any = section()
 
     def check(self, prefix: str) -> None:
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision: unknown '{self.precision}'; allowed: {', '.join(PRECISIONS)}")
         resolve_device(self.device)  # an unknown or absent device is a config mistake
 
 
