@@ -98,7 +98,7 @@ def run(cfg: dict, run_dir: Path) -> None:
     bpb = bits_per_byte(res["loss"], len(tokens), nbytes) if causal else None
     per_position = res.pop("per_position")
     result = {"ckpt": str(ckpt.path), "step": ckpt.state.get("step"), "source": source,
-              "objective": (ckpt.spec.get("objective") or {}).get("kind", "clm"), "tokens_scored": res["tokens"],
+              "objective": ckpt.objective, "tokens_scored": res["tokens"],
               "windows": res["windows"], "loss": res["loss"], "ppl": res["ppl"], "accuracy": res["accuracy"],
               "bpb": bpb, "bytes_per_token": nbytes / max(1, len(tokens)), "device": str(device),
               "precision": precision}

@@ -127,9 +127,8 @@ def causal_checkpoint(path, key: str):
     from llmlab.train.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
-    objective = (ckpt.spec.get("objective") or {}).get("kind", "clm")
-    if objective != "clm":
-        raise UserError(f"{key}: {ckpt.path} was trained with objective={objective} (bidirectional); "
+    if not ckpt.causal:
+        raise UserError(f"{key}: {ckpt.path} was trained with objective={ckpt.objective} (bidirectional); "
                         "sampling needs a causal model (objective=clm)")
     return ckpt
 

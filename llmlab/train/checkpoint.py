@@ -250,6 +250,16 @@ class Checkpoint:
     def tokenizer_path(self) -> Path:
         return self.path / "tokenizer.json"
 
+    @property
+    def objective(self) -> str:
+        return str((self.spec.get("objective") or {}).get("kind", "clm"))  # checkpoints before objectives: clm
+
+    @property
+    def causal(self) -> bool:
+        """Whether the model predicts left to right (its objective says so), so it can sample."""
+        from llmlab.model.objective import OBJECTIVE
+        return OBJECTIVE.get(self.objective, "objective").causal
+
     def tokenizer(self):
         from llmlab.data.tokenizer import EOS, TextTokenizer
         return TextTokenizer.load(self.tokenizer_path, self.state.get("eos", EOS))

@@ -81,7 +81,7 @@ class Distiller:
         except UserError as e:
             raise UserError(f"distill.teacher: {str(e).removeprefix('ckpt: ')}") from e
         self.path = ckpt.path
-        if not ckpt.spec.get("objective", {}).get("kind", "clm") == "clm" or not student.objective.causal:
+        if not ckpt.causal or not student.objective.causal:
             raise ConfigError("distill.teacher: distillation needs causal (objective=clm) teacher and student")
         ours = TextTokenizer.load(tokenizer_path, eos=None).tok.get_vocab()
         theirs = TextTokenizer.load(ckpt.tokenizer_path, eos=None).tok.get_vocab()
