@@ -85,6 +85,14 @@ class TextTokenizer:
             raise UserError(f"cannot read tokenizer {path}: {str(e).splitlines()[0]}") from e
 
 
+def vocab_sizes_if_different(ours: str | Path, theirs: str | Path) -> tuple[int, int] | None:
+    """None when two tokenizer files map the same strings to the same ids, else the sizes of
+    their vocabularies (ours, theirs), for a message."""
+    a = TextTokenizer.load(ours, eos=None).tok.get_vocab()
+    b = TextTokenizer.load(theirs, eos=None).tok.get_vocab()
+    return None if a == b else (len(a), len(b))
+
+
 @contextlib.contextmanager
 def engine_errors():
     """The Rust engine panics (a BaseException, so no ``except Exception`` stops it) when a

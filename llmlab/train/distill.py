@@ -72,7 +72,7 @@ class Distiller:
 
     def __init__(self, cfg: DistillConfig, student, tokenizer_path: Path, device: torch.device, seed: int,
                  rank: int = 0):
-        from llmlab.data.tokenizer import TextTokenizer
+        from llmlab.data.tokenizer import vocab_sizes_if_different
         from llmlab.train.checkpoint import build_model, load_checkpoint
 
         self.cfg = cfg
@@ -83,11 +83,10 @@ class Distiller:
         self.path = ckpt.path
         if not ckpt.causal or not student.objective.causal:
             raise ConfigError("distill.teacher: distillation needs causal (objective=clm) teacher and student")
-        ours = TextTokenizer.load(tokenizer_path, eos=None).tok.get_vocab()
-        theirs = TextTokenizer.load(ckpt.tokenizer_path, eos=None).tok.get_vocab()
-        if ours != theirs:
-            raise ConfigError(f"distill.teacher: {ckpt.path} uses another tokenizer ({len(theirs):,} tokens against "
-                              f"this run's {len(ours):,}); train the student with the teacher's data and tokenizer "
+        sizes = vocab_sizes_if_different(tokenizer_path, ckpt.tokenizer_path)
+        if sizes is not None:
+            raise ConfigError(f"distill.teacher: {ckpt.path} uses another tokenizer ({sizes[1]:,} tokens against "
+                              f"this run's {sizes[0]:,}); train the student with the teacher's data and tokenizer "
                               "settings")
         with torch.random.fork_rng(devices=[]):  # building it must not move the training random stream
             self.teacher = build_model(ckpt, device).requires_grad_(False)

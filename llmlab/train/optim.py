@@ -40,6 +40,13 @@ def check_lr_betas_decay(cfg, prefix: str) -> None:
     check_non_negative(cfg, prefix, "weight_decay")
 
 
+def check_torch_has(name: str, since: str, prefix: str) -> None:
+    """An optimizer kind that wraps ``torch.optim.<name>`` on a torch without it: one line."""
+    if not hasattr(torch.optim, name):
+        raise ConfigError(f"{prefix}: optim={name.lower()} needs torch.optim.{name} (torch >= {since}); this torch is "
+                          f"{torch.__version__}; use optim=adamw or upgrade torch")
+
+
 def check_non_negative(cfg, prefix: str, *keys: str) -> None:
     for key in keys:
         if getattr(cfg, key) < 0:
@@ -186,9 +193,7 @@ class Adafactor(OptimizerKind):
             if not self.lr > 0:
                 raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
             check_non_negative(self, prefix, "weight_decay", "eps")
-            if not hasattr(torch.optim, "Adafactor"):
-                raise ConfigError(f"{prefix}: optim=adafactor needs torch.optim.Adafactor (torch >= 2.5); this torch is "
-                                  f"{torch.__version__}")
+            check_torch_has("Adafactor", "2.5", prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -248,9 +253,7 @@ class Muon(OptimizerKind):
             if not self.lr > 0 or not self.adamw_lr > 0:
                 raise ConfigError(f"{prefix}.lr and {prefix}.adamw_lr: must be > 0")
             check_non_negative(self, prefix, "weight_decay", "adamw_weight_decay")
-            if not hasattr(torch.optim, "Muon"):
-                raise ConfigError(f"{prefix}: optim=muon needs torch.optim.Muon (torch >= 2.9); this torch is "
-                                  f"{torch.__version__}; use optim=adamw or upgrade torch")
+            check_torch_has("Muon", "2.9", prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> OptimizerGroup:

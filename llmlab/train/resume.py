@@ -40,13 +40,12 @@ def resume_checkpoint(loop, run_dir: Path, rid: str) -> Checkpoint | None:
 
 
 def check_same_tokenizer(tokenizer_path: Path, ckpt: Checkpoint) -> None:
-    from llmlab.data.tokenizer import TextTokenizer
+    from llmlab.data.tokenizer import vocab_sizes_if_different
 
-    ours = TextTokenizer.load(tokenizer_path, eos=None).tok.get_vocab()
-    theirs = TextTokenizer.load(ckpt.tokenizer_path, eos=None).tok.get_vocab()
-    if ours != theirs:
-        raise ConfigError(f"tokenizer: this run's tokenizer ({len(ours):,} tokens) is not the one {ckpt.path} was "
-                          f"trained with ({len(theirs):,} tokens); resume with that run's tokenizer and data "
+    sizes = vocab_sizes_if_different(tokenizer_path, ckpt.tokenizer_path)
+    if sizes is not None:
+        raise ConfigError(f"tokenizer: this run's tokenizer ({sizes[0]:,} tokens) is not the one {ckpt.path} was "
+                          f"trained with ({sizes[1]:,} tokens); resume with that run's tokenizer and data "
                           "settings, or start fresh with train.resume=null")
 
 
