@@ -199,16 +199,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         try:
             app()
-        except Exception as e:
+        except Exception as e:  # Hydra's MissingConfigException is an OSError too: config errors first
             if showing and _is_config_error(e):
                 fail(_explain(e, split_args(rest)[0], _composer(command)), 2)
+            if isinstance(e, OSError):
+                from llmlab.files import disk_error
+                problem = disk_error(e, "a file")
+                if problem is not None:
+                    fail(str(problem), 1)
             raise
-        except OSError as e:
-            from llmlab.files import disk_error
-            problem = disk_error(e, "a file")
-            if problem is None:
-                raise
-            fail(str(problem), 1)
     except SystemExit as e:
         if worker:
             leave_without_finalizing(e.code)
