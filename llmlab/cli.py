@@ -40,14 +40,12 @@ def conf_dir() -> Path:
     raise RuntimeError("llmlab's conf/ directory is missing from this installation")
 
 
-# The modules whose registries fill Hydra's ConfigStore with the config groups' options
-# (the Config dataclasses are the schema): imported before any config is composed.
-PART_MODULES = ("llmlab.train.settings", "llmlab.eval.analysis")
-
-
-def register_parts() -> None:
-    for name in PART_MODULES:
-        importlib.import_module(name)
+def register_parts(command: str | None = None) -> None:
+    """Fill Hydra's ConfigStore with what ``command`` composes (all commands' by default): its
+    schema and its groups' registered options. Each command module imports the registries its
+    groups need, so ``report`` or ``export`` loads no torch before its work starts."""
+    for name in [command] if command else USAGE_COMMANDS:
+        importlib.import_module(f"llmlab.commands.{name}")
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -176,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
-    register_parts()
+    register_parts(command)
     if {"--help", "-h"} & set(rest):
         from llmlab.help import command_help
         sys.stdout.write(command_help(command))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -77,6 +79,24 @@ def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict
 def tiny_model(seed: int = 0, **kwargs) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(tiny_spec(**kwargs)).eval()
+
+
+def check_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``llmlab <args>`` in this process, for command lines that must stop at the checks, before
+    Hydra runs anything: the same code as from the shell (`llmlab.cli.main`) without a fresh
+    interpreter per case. A case that got past the checks would run here and fail its test."""
+    from llmlab.cli import main
+
+    out, err, code, before = io.StringIO(), io.StringIO(), 0, os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(list(args))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["llmlab", *args], code, out.getvalue(), err.getvalue())
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

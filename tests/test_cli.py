@@ -11,7 +11,7 @@ import torch
 
 from llmlab.model.attention import ATTENTION
 from llmlab.model.packing import should_pack
-from tests.conftest import run_cli, tiny_model
+from tests.conftest import check_cli, run_cli, tiny_model
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
         "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
@@ -55,7 +55,7 @@ def test_each_commands_help_lists_its_own_groups_and_settings_with_their_comment
     for command, own, foreign in (("eval", "data: hf, pysource, text", "optim:"), ("sample", "temperature", "model:"),
                                   ("report", "baseline", "data:"), ("export", "ckpt", "optim:"),
                                   ("tokenize", "tokenizer: bpe, byte, pretrained", "model:")):
-        r = run_cli(command, "--help", cwd=tmp_path)
+        r = check_cli(command, "--help", cwd=tmp_path)  # the train case above came through a shell
         assert r.returncode == 0 and f"llmlab {command}" in r.stdout and own in r.stdout, command
         assert foreign not in r.stdout and "hydra:" not in r.stdout, command
 
@@ -102,7 +102,17 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "-m", "seed=0,1", "hydra/launcher=parallel"], ["hydra/launcher=parallel: unknown option", "basic"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
-    one_line_error(run_cli(*args, cwd=tmp_path), 2, *fragments)
+    one_line_error(check_cli(*args, cwd=tmp_path), 2, *fragments)
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["train", "model=gqa", "attention.kv_head=2"], "attention.kv_head: unknown key; allowed keys: kind, kv_heads"),
+    (["sample", "top_p=0"], "top_p: must be in (0, 1]"),
+])
+def test_a_config_mistake_from_the_shell_is_one_line(tmp_path, args, fragment):
+    """The cases above run in-process; from a shell the same mistake is the same line."""
+    one_line_error(run_cli(*args, cwd=tmp_path), 2, fragment)
     assert not (tmp_path / "outputs").exists()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import check_cli, run_cli
 from tests.test_cli import TINY, one_line_error, trained  # noqa: F401 (a fixture)
 
 
@@ -137,7 +137,7 @@ def test_config_mistakes_exit_2_and_create_no_run_directory(tmp_path, args, code
     import torch
     if args == ["device=cuda"] and torch.cuda.is_available():
         args, fragment = ["device=cuda:99"], "device"
-    r = run_cli("train", *TINY, *args, cwd=tmp_path)
+    r = check_cli("train", *TINY, *args, cwd=tmp_path)  # the checks, in-process (see test_cli for a shell case)
     one_line_error(r, code, fragment)
     assert not (tmp_path / "outputs").exists()
 

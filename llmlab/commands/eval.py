@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llmlab.data.corpus  # noqa: F401  (registers the data group's options)
+import llmlab.eval.analysis  # noqa: F401  (and the analysis group's)
 from llmlab.errors import ConfigError
 from llmlab.train.device import PRECISIONS
 from llmlab.registry import choice, parse_dataclass, section, settings_lines, store_schema

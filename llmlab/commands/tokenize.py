@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llmlab.data.corpus  # noqa: F401  (registers the data group's options)
+import llmlab.data.tokenizer  # noqa: F401  (and the tokenizer group's)
 from llmlab.registry import parse_dataclass, section, settings_lines, store_schema
 
 
