@@ -39,7 +39,7 @@ def command_help(command: str) -> str:
                     for o in options:
                         registry = Registry.by_group.get(sub)
                         out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
-                        settings = defaults_text(registry.get(o).Config, registry.kind_key) if registry and o in registry else ""
+                        settings = defaults_text(registry.config_of(o), registry.kind_key) if registry and o in registry else ""
                         if settings:
                             out.append(f"  {'':<14}   {settings}")
         out.append("")
@@ -51,10 +51,10 @@ def command_help(command: str) -> str:
 
 def _option_line(group: str, option: str, registry) -> str:
     """One option's description: a registered part's docstring, else its YAML's first comment."""
-    from llmlab.registry import Registry, doc_line, first_sentence
+    from llmlab.registry import Registry, first_sentence
 
     if registry is not None and option in registry:
-        return doc_line(registry.get(option))
+        return registry.describe(option)
     path = conf_dir() / group / f"{option}.yaml"
     if path.is_file():
         comment = [line[1:].strip() for line in path.read_text().splitlines()

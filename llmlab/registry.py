@@ -177,63 +177,115 @@ def store_schema(name: str, node: type) -> type:
 
 
 class Registry:
-    """Named variants of one kind of part, each a class with a nested ``Config`` dataclass.
+    """Named variants of one kind of part: each a Config dataclass (the option a config group
+    offers) and the class it builds.
 
     ``group`` is the Hydra config group whose options are the variants (``None``: a setting
     inside another section, as ``norm.kind`` is), ``package`` where the chosen option's
-    settings land, and ``kind_key`` the Config field that names the variant."""
+    settings land, and ``kind_key`` the Config field that names the variant.
+
+    A variant's Config is nested in its class (``@REG.register(name)`` stores both), except in
+    families whose classes need torch: there the Config is declared on its own in a module
+    without torch (``@REG.option(name)``) and the class, registered under the same name in
+    ``impl``, is imported only when something is built. So composing or checking a config
+    (``--cfg job``, ``--help``, a mistake's one-line error) imports no torch."""
 
     by_group: dict[str, "Registry"] = {}
 
-    def __init__(self, family: str, group: str | None = None, package: str | None = None, kind_key: str = "kind"):
+    def __init__(self, family: str, group: str | None = None, package: str | None = None, kind_key: str = "kind",
+                 impl: str | None = None):
         self.family = family
         self.group = group
         self.package = package
         self.kind_key = kind_key
+        self.impl = impl
+        self._configs: dict[str, type] = {}
         self._entries: dict[str, type] = {}
         self._on_register: list[Callable[[str, type], None]] = []
         if group is not None:
             Registry.by_group[group] = self
 
-    def register(self, name: str) -> Callable[[type], type]:
-        def deco(cls: type) -> type:
-            if name in self._entries:
-                raise ValueError(f"{self.family} '{name}' is registered twice")
-            config = getattr(cls, "Config", None)
+    def option(self, name: str) -> Callable[[type], type]:
+        """Declare variant ``name`` by its Config dataclass: an option of the config group."""
+        def deco(config: type) -> type:
             if not dataclasses.is_dataclass(config):
-                raise TypeError(f"{cls.__name__} needs a nested Config dataclass")
+                raise TypeError(f"{self.family} '{name}': a Config must be a dataclass")
+            if name in self._configs:
+                raise ValueError(f"{self.family} '{name}' is registered twice")
             if getattr(config(), self.kind_key, None) != name:
-                raise TypeError(f"{cls.__name__}.Config.{self.kind_key} must default to '{name}'")
-            self._entries[name] = cls
-            cls.kind = name
+                raise TypeError(f"{config.__qualname__}.{self.kind_key} must default to '{name}'")
+            self._configs[name] = config
             if self.group is not None:
                 from hydra.core.config_store import ConfigStore
                 ConfigStore.instance().store(group=self.group, name=name, node=config, package=self.package,
                                              provider="llmlab")
             for hook in self._on_register:
-                hook(name, cls)
+                hook(name, config)
+            return config
+        return deco
+
+    def register(self, name: str) -> Callable[[type], type]:
+        """Register the class of variant ``name``: its nested ``Config``, or the one declared
+        with `option`."""
+        def deco(cls: type) -> type:
+            if name in self._entries:
+                raise ValueError(f"{self.family} '{name}' is registered twice")
+            nested = cls.__dict__.get("Config")
+            if nested is not None:
+                self.option(name)(nested)
+            elif name in self._configs:
+                cls.Config = self._configs[name]
+            else:
+                raise TypeError(f"{cls.__name__} needs a nested Config dataclass or a {self.family} option '{name}'")
+            self._entries[name] = cls
+            cls.kind = name
             return cls
         return deco
 
     def on_register(self, hook: Callable[[str, type], None]) -> None:
-        """Call ``hook(name, cls)`` for every variant, registered already or later."""
+        """Call ``hook(name, config)`` for every variant, declared already or later."""
         self._on_register.append(hook)
-        for name, cls in self._entries.items():
-            hook(name, cls)
+        for name, config in self._configs.items():
+            hook(name, config)
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._configs)
+
+    def _load(self) -> None:
+        if self.impl is not None and len(self._entries) < len(self._configs):
+            import importlib
+            importlib.import_module(self.impl)
 
     def items(self) -> list[tuple[str, type]]:
+        self._load()
         return sorted(self._entries.items())
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        return name in self._configs
+
+    def _unknown(self, name: str, key: str | None) -> ConfigError:
+        where = key or f"{self.family}.{self.kind_key}"
+        return ConfigError(f"{where}: unknown {self.family} '{name}'; allowed: {', '.join(self.names())}")
+
+    def config_of(self, name: str, key: str | None = None) -> type:
+        """Variant ``name``'s Config dataclass (importing no class)."""
+        if name not in self._configs:
+            raise self._unknown(name, key)
+        return self._configs[name]
+
+    def describe(self, name: str) -> str:
+        """What ``--help`` says of a variant: its Config's docstring, else its class's."""
+        config = self.config_of(name)
+        auto = (config.__dict__.get("__doc__") or "").startswith(f"{config.__name__}(")  # the signature dataclass writes
+        return (not auto and doc_line(config)) or doc_line(self.get(name))
 
     def get(self, name: str, key: str | None = None) -> type:
+        """Variant ``name``'s class."""
+        self.config_of(name, key)
         if name not in self._entries:
-            where = key or f"{self.family}.{self.kind_key}"
-            raise ConfigError(f"{where}: unknown {self.family} '{name}'; allowed: {', '.join(self.names())}")
+            self._load()
+        if name not in self._entries:
+            raise TypeError(f"{self.family} '{name}' has a Config but no registered class in {self.impl}")
         return self._entries[name]
 
     def config(self, section: Mapping[str, Any] | Any | None, prefix: str) -> Any:
@@ -243,8 +295,8 @@ class Registry:
         section = dict(section or {})
         if section.get(self.kind_key) is None:
             raise ConfigError(f"{prefix}.{self.kind_key}: missing; allowed: {', '.join(self.names())}")
-        cls = self.get(str(section[self.kind_key]), f"{prefix}.{self.kind_key}")
-        return parse_dataclass(cls.Config, section, prefix)
+        config = self.config_of(str(section[self.kind_key]), f"{prefix}.{self.kind_key}")
+        return parse_dataclass(config, section, prefix)
 
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Instantiate the variant a checked Config names."""

@@ -20,7 +20,7 @@ YAMLS = sorted(CONF.rglob("*.yaml"))
 
 def schema_of(path: Path, conf: Path) -> type | None:
     """The dataclass a YAML file's keys belong to."""
-    from llmlab.model.transformer import ModelConfig
+    from llmlab.model.config import ModelConfig
 
     group = path.parent.relative_to(conf).as_posix()
     if group == ".":  # a command's own file
@@ -31,7 +31,7 @@ def schema_of(path: Path, conf: Path) -> type | None:
     if registry is None:
         return None
     base = next(e for e in yaml.safe_load(path.read_text())["defaults"] if isinstance(e, str) and e != "_self_")
-    return registry.get(base).Config
+    return registry.config_of(base)
 
 
 def defaults(cls: type) -> dict:

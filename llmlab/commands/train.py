@@ -13,7 +13,7 @@ def validate(cfg: dict) -> None:
 
 def help_settings() -> list[str]:
     """The run's own settings, and the model section's (the tiny model's values)."""
-    from llmlab.model.transformer import ModelConfig
+    from llmlab.model.config import ModelConfig
     from llmlab.registry import settings_lines
     return [*settings_lines(SCHEMA), "model:  # the tiny model's; a preset (model=gpt2) sets some",
             *settings_lines(ModelConfig, 2)]

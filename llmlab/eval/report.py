@@ -5,7 +5,8 @@ at a token count every run reached (matched tokens), the cost card (parameters, 
 KV-cache bytes/token) and speed (training and decode tokens/s). Each group is then compared
 with a baseline group, paired by seed: the mean difference, with paired t-test and sign-test
 p-values from 3 seeds on. One PNG overlays the validation curves, mean over seeds with the
-min-max band.
+min-max band. The grouping, the statistics and the writers of report.md/json share one
+module (about 320 lines), since each table is computed where it is written.
 """
 
 from __future__ import annotations

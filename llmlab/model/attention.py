@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +17,7 @@ from torch import nn
 from llmlab.errors import ConfigError
 from llmlab.model.cache import KVCache, RollingKVCache
 from llmlab.model.norm import RMSNorm
-from llmlab.registry import Registry
-
-ATTENTION = Registry("attention", group="model/attention", package="_global_.attention")
+from llmlab.model.config import ATTENTION
 
 # `enable_gqa` lets SDPA broadcast shared KV heads without copying them (torch >= 2.5).
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -81,11 +78,8 @@ class Attention(nn.Module):
     returns (B, T, d_model) and, with ``need_weights``, the weights (B, H, T, Tk), else None.
 
     A kind subclasses this (or `GroupedQueryAttention`, whose forward is three seams:
-    `project`, `rotate`, `attend`) and registers with ``@ATTENTION.register(name)``."""
-
-    @dataclass
-    class Config:
-        kind: str = ""
+    `project`, `rotate`, `attend`) and registers with ``@ATTENTION.register(name)``; its Config
+    is an option declared in `llmlab.model.config`."""
 
     #: settings that keep a test model small (tests build every registered kind with them)
     test_settings: dict = {}
@@ -148,15 +142,6 @@ class Attention(nn.Module):
 class GroupedQueryAttention(Attention):
     """Ainslie et al. 2023 (GQA): ``kv_heads`` key/value heads, each shared by a group of
     query heads. kv_heads = heads is multi-head attention, kv_heads = 1 multi-query."""
-
-    @dataclass
-    class Config:
-        kind: str = "gqa"
-        kv_heads: int = 2  # key/value heads, each shared by n_heads / kv_heads query heads
-
-        def check(self, prefix: str) -> None:
-            if self.kv_heads < 1:
-                raise ConfigError(f"{prefix}.kv_heads: must be >= 1, got {self.kv_heads}")
 
     def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
         super().__init__(causal)
@@ -240,10 +225,6 @@ class GQA(GroupedQueryAttention):
 class MHA(GroupedQueryAttention):
     """Vaswani et al. 2017: one key/value head per query head."""
 
-    @dataclass
-    class Config:
-        kind: str = "mha"
-
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
         return n_heads
@@ -252,10 +233,6 @@ class MHA(GroupedQueryAttention):
 @ATTENTION.register("mqa")
 class MQA(GroupedQueryAttention):
     """Shazeer 2019: a single key/value head shared by all query heads."""
-
-    @dataclass
-    class Config:
-        kind: str = "mqa"
 
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
@@ -267,18 +244,6 @@ class SlidingWindowAttention(GroupedQueryAttention):
     """Causal attention to the last ``window`` positions only (Child et al. 2019; Beltagy et
     al. 2020, Longformer; Mistral 7B). Works with any ``kv_heads`` (null: one per head). The
     decode cache is a rolling buffer of ``window`` positions, so its memory stays bounded."""
-
-    @dataclass
-    class Config:
-        kind: str = "swa"
-        window: int = 64  # positions each query sees, itself included
-        kv_heads: int | None = None  # null: one KV head per query head; set it for grouped-query SWA
-
-        def check(self, prefix: str) -> None:
-            if self.window < 1:
-                raise ConfigError(f"{prefix}.window: must be >= 1, got {self.window}")
-            if self.kv_heads is not None and self.kv_heads < 1:
-                raise ConfigError(f"{prefix}.kv_heads: must be >= 1 or null, got {self.kv_heads}")
 
     test_settings = {"window": 5, "kv_heads": 2}
 
@@ -304,10 +269,6 @@ class SlidingWindowAttention(GroupedQueryAttention):
 class QKNormAttention(GroupedQueryAttention):
     """Grouped-query attention with RMS-normalised queries and keys per head, before RoPE
     (Dehghani et al. 2023; OLMo 2): attention logits stay bounded at high learning rates."""
-
-    @dataclass
-    class Config(GroupedQueryAttention.Config):
-        kind: str = "qknorm"
 
     def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
         super().__init__(cfg, d_model, n_heads, bias, causal)

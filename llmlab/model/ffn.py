@@ -7,16 +7,11 @@ over its auxiliary losses after each forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmlab.errors import ConfigError
-from llmlab.registry import Registry
-
-FFN = Registry("ffn", group="model/ffn", package="_global_.ffn")
+from llmlab.model.config import FFN, FFNConfig, MoEConfig
 
 
 def round_up(n: float, multiple: int) -> int:
@@ -29,21 +24,12 @@ class FeedForward(nn.Module):
     #: True where some parameters get no gradient in a step (DDP must look for unused ones)
     sparse = False
 
-    @dataclass
-    class Config:
-        kind: str = ""
-        hidden: int | None = None  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
-
-        def check(self, prefix: str) -> None:
-            if self.hidden is not None and self.hidden < 1:
-                raise ConfigError(f"{prefix}.hidden: must be >= 1 or null, got {self.hidden}")
-
     @staticmethod
     def default_hidden(d_model: int) -> int:
         return 4 * d_model
 
     @classmethod
-    def from_config(cls, cfg: "FeedForward.Config", d_model: int, bias: bool) -> "FeedForward":
+    def from_config(cls, cfg: FFNConfig, d_model: int, bias: bool) -> "FeedForward":
         return cls(d_model, cfg.hidden or cls.default_hidden(d_model), bias)
 
     #: settings that keep a test model small (tests build every registered kind with them)
@@ -81,10 +67,6 @@ class TwoMatrixFFN(FeedForward):
 class GeluFFN(TwoMatrixFFN):
     """The GPT-2 / BERT MLP with the exact (erf) GELU of Hendrycks & Gimpel 2016."""
 
-    @dataclass
-    class Config(FeedForward.Config):
-        kind: str = "gelu"
-
     approximate = "none"
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
@@ -96,20 +78,12 @@ class GeluTanhFFN(GeluFFN):
     """The same MLP with GELU's tanh approximation, as the original GPT-2 code has it
     (``gelu_new`` in transformers). About 3x the cost of the exact GELU on a CPU."""
 
-    @dataclass
-    class Config(FeedForward.Config):
-        kind: str = "gelu_tanh"
-
     approximate = "tanh"
 
 
 @FFN.register("relu2")
 class ReluSquaredFFN(TwoMatrixFFN):
     """Squared ReLU (So et al. 2021, Primer, section 4)."""
-
-    @dataclass
-    class Config(FeedForward.Config):
-        kind: str = "relu2"
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
         return F.relu(h).square()
@@ -122,10 +96,6 @@ class SwiGLU(FeedForward):
     The default hidden size is 8/3 d, so three matrices cost what the 4d MLP's two do,
     rounded up to a multiple of 64 for the kernels.
     """
-
-    @dataclass
-    class Config(FeedForward.Config):
-        kind: str = "swiglu"
 
     @staticmethod
     def default_hidden(d_model: int) -> int:
@@ -145,33 +115,8 @@ class SwiGLU(FeedForward):
 class GeGLU(SwiGLU):
     """GEGLU (Shazeer 2020): down(gelu(gate(x)) * up(x)) with the tanh GELU, as in Gemma."""
 
-    @dataclass
-    class Config(FeedForward.Config):
-        kind: str = "geglu"
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
-
-
-@dataclass
-class MoEConfig(FeedForward.Config):
-    """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
-
-    kind: str = "moe"
-    n_experts: int = 8
-    top_k: int = 2
-    shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
-    jitter: float = 0.0  # router input multiplied by U(1 - jitter, 1 + jitter) in training
-    balance_coef: float = 0.01  # weight of the Switch load-balancing loss (per MoE layer)
-
-    def check(self, prefix: str) -> None:
-        super().check(prefix)
-        if self.n_experts < 1:
-            raise ConfigError(f"{prefix}.n_experts: must be >= 1, got {self.n_experts}")
-        if not 1 <= self.top_k <= self.n_experts:
-            raise ConfigError(f"{prefix}.top_k: must be in [1, {prefix}.n_experts={self.n_experts}], got {self.top_k}")
-        if self.shared_experts < 0 or not 0 <= self.jitter < 1 or self.balance_coef < 0:
-            raise ConfigError(f"{prefix}: shared_experts >= 0, 0 <= jitter < 1 and balance_coef >= 0 are required")
 
 
 @FFN.register("moe")
@@ -183,7 +128,6 @@ class MoE(FeedForward):
     its slice of tokens, so the only Python loop is over experts.
     """
 
-    Config = MoEConfig
     sparse = True
     test_settings = {"n_experts": 4, "top_k": 2, "shared_experts": 1}
 

@@ -107,7 +107,6 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 FUSED_MIN_LOGITS = 1 << 22  # below this many logits the plain path's fewer kernels win
 
 

@@ -3,23 +3,14 @@ inputs and targets, and whether attention may look ahead."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from llmlab.errors import ConfigError
-from llmlab.registry import Registry
-
-OBJECTIVE = Registry("objective", group="objective")
+from llmlab.model.config import OBJECTIVE
 IGNORE = -100  # targets with this id carry no loss
 
 
 class Objective:
     causal = True
-
-    @dataclass
-    class Config:
-        kind: str = ""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -37,10 +28,6 @@ class Objective:
 class CausalLM(Objective):
     """Next-token prediction: targets are the inputs shifted by one."""
 
-    @dataclass
-    class Config:
-        kind: str = "clm"
-
     def make_batch(self, window, vocab_size, generator=None):
         return window[:, :-1], window[:, 1:]
 
@@ -52,19 +39,6 @@ class MaskedLM(Objective):
     ``random_replace`` a random token, and the rest stay; only chosen tokens carry loss."""
 
     causal = False
-
-    @dataclass
-    class Config:
-        kind: str = "mlm"
-        mask_prob: float = 0.15
-        mask_replace: float = 0.8
-        random_replace: float = 0.1
-
-        def check(self, prefix: str) -> None:
-            if not 0 < self.mask_prob < 1:
-                raise ConfigError(f"{prefix}.mask_prob: must be in (0, 1), got {self.mask_prob}")
-            if self.mask_replace < 0 or self.random_replace < 0 or self.mask_replace + self.random_replace > 1:
-                raise ConfigError(f"{prefix}.mask_replace + {prefix}.random_replace: must be within [0, 1]")
 
     def extra_tokens(self) -> int:
         return 1

@@ -9,15 +9,12 @@ So attention never asks which scheme is in use.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Registry
-
-POSITION = Registry("pos", group="pos")
+from llmlab.errors import UserError
+from llmlab.model.config import POSITION
 
 
 class NoRotation:
@@ -76,23 +73,9 @@ class Position(nn.Module):
 class NoPosition(Position):
     """No position signal: causal masking alone tells order (NoPE)."""
 
-    @dataclass
-    class Config:
-        kind: str = "none"
-
-
 @POSITION.register("rope")
 class RoPE(Position):
     """Rotary position embedding (Su et al. 2021): rotates q and k per head."""
-
-    @dataclass
-    class Config:
-        kind: str = "rope"
-        theta: float = 10000.0  # the base of the rotation frequencies
-
-        def check(self, prefix: str) -> None:
-            if self.theta <= 1:
-                raise ConfigError(f"{prefix}.theta: must be > 1, got {self.theta}")
 
     def rotary(self, positions: torch.Tensor) -> RotaryAngles:
         return RotaryAngles(positions, self.cfg.theta)
@@ -112,10 +95,6 @@ def sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 class Sinusoidal(Position):
     """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017)."""
 
-    @dataclass
-    class Config:
-        kind: str = "sinusoidal"
-
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x + sinusoid_table(positions, self.d_model).to(x.dtype)
 
@@ -123,10 +102,6 @@ class Sinusoidal(Position):
 @POSITION.register("learned")
 class Learned(Position):
     """A learned table of model.max_seq_len positions added to the embeddings (GPT-2)."""
-
-    @dataclass
-    class Config:
-        kind: str = "learned"
 
     def __init__(self, cfg, d_model: int, max_seq_len: int):
         super().__init__(cfg, d_model, max_seq_len)

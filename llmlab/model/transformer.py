@@ -9,108 +9,17 @@ The model is built once from a `ModelSpec`; ``forward`` holds no branch on a var
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmlab.errors import ConfigError
-from llmlab.model.attention import ATTENTION
-from llmlab.model.block import BLOCK, NormConfig
 from llmlab.model.cache import ModelCache
-from llmlab.model.ffn import FFN, round_up
+from llmlab.model.config import ATTENTION, BLOCK, FFN, NORM, OBJECTIVE, POSITION, ModelSpec, NormConfig
+from llmlab.model.ffn import round_up
 from llmlab.model.loss import linear_cross_entropy, use_fused
-from llmlab.model.norm import NORM
-from llmlab.model.objective import IGNORE, OBJECTIVE
-from llmlab.model.position import POSITION
-from llmlab.registry import parse_dataclass, store_schema
-
-
-@dataclass
-class ModelConfig:
-    """The ``model`` section: shared sizes, passed to every part."""
-
-    name: str = "custom"  # a label for reports; presets set theirs
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    max_seq_len: int = 256
-    mtp_heads: int = 0  # extra heads predicting tokens t+2 ... t+1+mtp_heads
-    mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
-    bias: bool = False
-    tie_embeddings: bool = True
-    init_std: float = 0.02
-    vocab_multiple: int = 64  # pad the vocabulary for faster matmuls
-
-    def check(self, prefix: str) -> None:
-        for key in ("d_model", "n_layers", "n_heads", "max_seq_len", "vocab_multiple"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"{prefix}.n_heads: {self.n_heads} does not divide {prefix}.d_model={self.d_model}")
-        if self.mtp_heads < 0:
-            raise ConfigError(f"{prefix}.mtp_heads: must be >= 0, got {self.mtp_heads}")
-
-
-def _register_schema() -> None:
-    """The ``model`` section's schema (``conf/model/tiny.yaml`` builds on it), and a model
-    option per attention kind, so that ``model=gqa`` is the tiny model with GQA."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    store_schema("model", ModelConfig)
-    ATTENTION.on_register(lambda name, cls: store.store(
-        group="model", name=name, provider="llmlab",
-        node={"defaults": ["tiny", {"override attention": name}, "_self_"], "name": name}))
-
-
-_register_schema()
-
-
-@dataclass
-class ModelSpec:
-    """Everything that determines the network: what a checkpoint needs to rebuild it."""
-
-    vocab_size: int
-    model: ModelConfig = field(default_factory=ModelConfig)
-    attention: Any = None
-    ffn: Any = None
-    norm: NormConfig = field(default_factory=NormConfig)
-    pos: Any = None
-    objective: Any = None
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
-        """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
-        model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
-        return cls(
-            vocab_size=vocab_size,
-            model=parse_dataclass(ModelConfig, model, "model"),
-            attention=ATTENTION.config(cfg.get("attention"), "attention"),
-            ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn"),
-            norm=BLOCK.config(cfg.get("norm") or NormConfig(), "norm"),
-            pos=POSITION.config(cfg.get("pos"), "pos"),
-            objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
-        )
-
-    def to_dict(self) -> dict:
-        return {"vocab_size": self.vocab_size, "model": asdict(self.model), "attention": asdict(self.attention),
-                "ffn": asdict(self.ffn), "norm": asdict(self.norm), "pos": asdict(self.pos), "objective": asdict(self.objective)}
-
-
-def upgrade_ffn(model: Mapping[str, Any] | None, ffn: Mapping[str, Any] | None) -> tuple[dict, Any]:
-    """Checkpoints written before the FFN was a config group of its own kept it inside the
-    ``model`` section (``ffn``, ``ffn_hidden``, ``moe``): move those into an ``ffn`` section."""
-    model = dict(model or {})
-    if "ffn" not in model or ffn is not None:
-        return model, ffn
-    kind, hidden, moe = model.pop("ffn"), model.pop("ffn_hidden", None), dict(model.pop("moe", None) or {})
-    ffn = {"kind": kind, "hidden": hidden}
-    if kind == "moe":
-        ffn.update({k: v for k, v in moe.items() if k != "expert_hidden"}, hidden=moe.get("expert_hidden") or hidden)
-    return model, ffn
+from llmlab.model.objective import IGNORE
 
 
 @dataclass

@@ -1,18 +1,23 @@
-"""Device and precision choice."""
+"""Device and precision choice. torch is imported where it is used, so the settings that
+name a device or precision are checked without it."""
 
 from __future__ import annotations
 
 import contextlib
-
-import torch
+from typing import TYPE_CHECKING
 
 from llmlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks cuda > mps > cpu; a named device must exist."""
+    import torch
+
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -35,6 +40,8 @@ def resolve_device(name: str) -> torch.device:
 def resolve_precision(name: str, device: torch.device) -> str:
     """``auto``: bf16 autocast on CUDA GPUs that support it; fp32 elsewhere (bf16 matmul on a
     CPU without AMX is many times slower than fp32)."""
+    import torch
+
     if name not in PRECISIONS:
         raise ConfigError(f"precision: unknown '{name}'; allowed: {', '.join(PRECISIONS)}")
     if name != "auto":
@@ -45,6 +52,8 @@ def resolve_precision(name: str, device: torch.device) -> str:
 
 
 def autocast(device: torch.device, precision: str):
+    import torch
+
     if precision in ("bf16", "fp16"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
@@ -53,10 +62,14 @@ def autocast(device: torch.device, precision: str):
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """fp16 needs loss scaling so small gradients do not underflow; other precisions get a
     disabled scaler that passes everything through."""
+    import torch
+
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
 def synchronize(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -64,6 +77,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
+    import torch
+
     if device.type == "cuda":
         return {"mem_gb": torch.cuda.max_memory_allocated(device) / 2**30}
     if device.type == "mps":

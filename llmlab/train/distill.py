@@ -17,7 +17,6 @@ The teacher is frozen, runs in eval mode on every rank, and must share the stude
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,35 +26,8 @@ import torch.nn.functional as F
 
 from llmlab.data.batches import fixed_window_batches
 from llmlab.errors import ConfigError, UserError
-from llmlab.registry import choice
 from llmlab.sample.generate import SamplingConfig, generate
-
-DATA = ("corpus", "teacher")
-
-
-@dataclass
-class DistillConfig:
-    """The ``distill`` section of ``llmlab train``."""
-
-    teacher: str | None = None  # a checkpoint or run dir; null: no distillation
-    weight: float = 1.0  # share of the KL term in the loss; 0 = the plain data loss
-    temperature: float = 1.0  # softens both distributions in the KL term
-    data: str = choice("corpus", DATA)  # corpus: the training windows; teacher: the teacher's continuations of their start
-    prompt_tokens: int = 8  # data=teacher: tokens of each training window kept as the prompt
-    gen_temperature: float = 0.0  # data=teacher: 0 = the teacher's greedy text, else sampled
-    gen_batch: int = 64  # data=teacher: windows the teacher writes at once (batched decoding is cheaper)
-
-    def check(self, prefix: str) -> None:
-        if not 0 <= self.weight <= 1:
-            raise ConfigError(f"{prefix}.weight: must be in [0, 1], got {self.weight}")
-        if self.temperature <= 0:
-            raise ConfigError(f"{prefix}.temperature: must be > 0, got {self.temperature}")
-        for key in ("prompt_tokens", "gen_batch"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.gen_temperature < 0:
-            raise ConfigError(f"{prefix}.gen_temperature: must be >= 0 (0 = greedy), got {self.gen_temperature}")
-
+from llmlab.train.settings import DistillConfig
 
 def distill_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Mean over positions of tau^2 * KL(softmax(t / tau) || softmax(s / tau)), in fp32.

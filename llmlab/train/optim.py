@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from llmlab.errors import ConfigError
-from llmlab.registry import Registry, choice
-
-OPTIMIZER = Registry("optim", group="optim")
+from llmlab.train.optim_config import OPTIMIZER
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
@@ -30,41 +26,13 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def check_lr_betas_decay(cfg, prefix: str) -> None:
-    """The checks AdamW and Lion share: a positive lr, betas in [0, 1), weight decay >= 0."""
-    if not cfg.lr > 0:
-        raise ConfigError(f"{prefix}.lr: must be > 0, got {cfg.lr}")
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(cfg, key) < 1:
-            raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(cfg, key)}")
-    check_non_negative(cfg, prefix, "weight_decay")
-
-
-def check_torch_has(name: str, since: str, prefix: str) -> None:
-    """An optimizer kind that wraps ``torch.optim.<name>`` on a torch without it: one line."""
-    if not hasattr(torch.optim, name):
-        raise ConfigError(f"{prefix}: optim={name.lower()} needs torch.optim.{name} (torch >= {since}); this torch is "
-                          f"{torch.__version__}; use optim=adamw or upgrade torch")
-
-
-def check_non_negative(cfg, prefix: str, *keys: str) -> None:
-    for key in keys:
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{prefix}.{key}: must be >= 0, got {getattr(cfg, key)}")
-
-
 class OptimizerKind:
     """What every optimizer kind provides: a ``Config`` dataclass (``kind``, ``lr`` and its
-    own settings) and ``create``, which builds a torch optimizer (or an `OptimizerGroup`)
+    own settings, declared in `llmlab.train.optim_config`) and ``create``, which builds a torch optimizer (or an `OptimizerGroup`)
     for a model's parameters. The schedule scales each param group's ``lr`` per step."""
 
     #: settings with which a tiny test model learns in 60 steps (tests run every kind with them)
     test_settings: dict = {}
-
-    @dataclass
-    class Config:
-        kind: str = ""
-        lr: float = 1e-3
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -74,19 +42,6 @@ class OptimizerKind:
 @OPTIMIZER.register("adamw")
 class AdamW(OptimizerKind):
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay; norms, biases and embeddings are not decayed."""
-
-    @dataclass
-    class Config:
-        kind: str = "adamw"
-        lr: float = 3e-3  # peak learning rate; the schedule scales it
-        beta1: float = 0.9
-        beta2: float = 0.95
-        eps: float = 1e-8
-        weight_decay: float = 0.1
-        decay_embeddings: bool = False
-
-        def check(self, prefix: str) -> None:
-            check_lr_betas_decay(self, prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -100,24 +55,6 @@ class AdamW(OptimizerKind):
 @OPTIMIZER.register("sgd")
 class SGD(OptimizerKind):
     """Stochastic gradient descent with (Nesterov) momentum; decay as for AdamW."""
-
-    @dataclass
-    class Config:
-        kind: str = "sgd"
-        lr: float = 0.1
-        momentum: float = 0.9
-        nesterov: bool = True
-        weight_decay: float = 0.0
-        decay_embeddings: bool = False
-
-        def check(self, prefix: str) -> None:
-            if not self.lr > 0:
-                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
-            if not 0 <= self.momentum < 1:
-                raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
-            if self.nesterov and self.momentum == 0:
-                raise ConfigError(f"{prefix}.nesterov: needs {prefix}.momentum > 0")
-            check_non_negative(self, prefix, "weight_decay")
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -157,18 +94,6 @@ class Lion(OptimizerKind):
 
     test_settings = {"lr": 1e-3}
 
-    @dataclass
-    class Config:
-        kind: str = "lion"
-        lr: float = 3e-4
-        beta1: float = 0.9
-        beta2: float = 0.99
-        weight_decay: float = 1.0
-        decay_embeddings: bool = False
-
-        def check(self, prefix: str) -> None:
-            check_lr_betas_decay(self, prefix)
-
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
@@ -179,21 +104,6 @@ class Lion(OptimizerKind):
 class Adafactor(OptimizerKind):
     """Adafactor (Shazeer & Stern 2018): second moments of a matrix kept as a row and a column
     factor, so its state grows with rows + columns, not rows x columns (torch.optim.Adafactor)."""
-
-    @dataclass
-    class Config:
-        kind: str = "adafactor"
-        lr: float = 1e-2  # peak learning rate; the schedule scales it
-        beta2_decay: float = -0.8  # the second moment's decay at step t is 1 - t^beta2_decay
-        eps: float = 1e-3  # updates are clipped relative to max(eps, RMS of the parameter)
-        weight_decay: float = 0.0
-        decay_embeddings: bool = False
-
-        def check(self, prefix: str) -> None:
-            if not self.lr > 0:
-                raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
-            check_non_negative(self, prefix, "weight_decay", "eps")
-            check_torch_has("Adafactor", "2.5", prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
@@ -235,25 +145,6 @@ class Muon(OptimizerKind):
     (torch >= 2.9), which runs its Newton-Schulz iterations in bf16: fast on GPUs, many times
     slower on CPUs without bf16 matrix units (about 12x slower per step than AdamW on a 2-core
     x86 machine)."""
-
-    @dataclass
-    class Config:
-        kind: str = "muon"
-        lr: float = 0.02
-        momentum: float = 0.95
-        nesterov: bool = True
-        weight_decay: float = 0.0
-        adjust_lr: str | None = choice("match_rms_adamw", (None, "original", "match_rms_adamw"))  # scale updates so one lr suits every shape
-        adamw_lr: float = 3e-3
-        adamw_beta1: float = 0.9
-        adamw_beta2: float = 0.95
-        adamw_weight_decay: float = 0.1
-
-        def check(self, prefix: str) -> None:
-            if not self.lr > 0 or not self.adamw_lr > 0:
-                raise ConfigError(f"{prefix}.lr and {prefix}.adamw_lr: must be > 0")
-            check_non_negative(self, prefix, "weight_decay", "adamw_weight_decay")
-            check_torch_has("Muon", "2.9", prefix)
 
     @staticmethod
     def create(cfg, model: nn.Module, device: torch.device) -> OptimizerGroup:

@@ -1,4 +1,6 @@
-"""The typed ``train`` config: every section checked before any work starts."""
+"""The typed ``train`` config: every section checked before any work starts. No torch at
+import (``--cfg job`` and a mistake's one-line error need none); the checks that build parts
+import it."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ from typing import Any, Mapping
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
-from llmlab.model.loss import HEAD_LOSS
-from llmlab.model.transformer import ModelSpec, check_sizes
+from llmlab.model.config import ModelSpec
 from llmlab.registry import choice, parse_dataclass, section, store_schema
-from llmlab.train.device import PRECISIONS, resolve_device
-from llmlab.train.distill import DistillConfig
+from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
-from llmlab.train.optim import OPTIMIZER
+from llmlab.train.optim_config import OPTIMIZER
 from llmlab.train.schedule import SCHEDULE
+
+HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 
 
 @dataclass
@@ -60,6 +62,33 @@ class LoopConfig:
             raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
 
 
+DATA = ("corpus", "teacher")
+
+
+@dataclass
+class DistillConfig:
+    """The ``distill`` section of ``llmlab train``."""
+
+    teacher: str | None = None  # a checkpoint or run dir; null: no distillation
+    weight: float = 1.0  # share of the KL term in the loss; 0 = the plain data loss
+    temperature: float = 1.0  # softens both distributions in the KL term
+    data: str = choice("corpus", DATA)  # corpus: the training windows; teacher: the teacher's continuations of their start
+    prompt_tokens: int = 8  # data=teacher: tokens of each training window kept as the prompt
+    gen_temperature: float = 0.0  # data=teacher: 0 = the teacher's greedy text, else sampled
+    gen_batch: int = 64  # data=teacher: windows the teacher writes at once (batched decoding is cheaper)
+
+    def check(self, prefix: str) -> None:
+        if not 0 <= self.weight <= 1:
+            raise ConfigError(f"{prefix}.weight: must be in [0, 1], got {self.weight}")
+        if self.temperature <= 0:
+            raise ConfigError(f"{prefix}.temperature: must be > 0, got {self.temperature}")
+        for key in ("prompt_tokens", "gen_batch"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.gen_temperature < 0:
+            raise ConfigError(f"{prefix}.gen_temperature: must be >= 0 (0 = greedy), got {self.gen_temperature}")
+
+
 @dataclass
 class TrainConfig:
     """``llmlab train``'s whole config: the run's own settings, and one section per part,
@@ -84,6 +113,8 @@ class TrainConfig:
     logger: Any = section()
 
     def check(self, prefix: str) -> None:
+        from llmlab.train.device import resolve_device
+
         resolve_device(self.device)  # an unknown or absent device is a config mistake
 
 
@@ -137,6 +168,8 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
             raise ConfigError(f"train.batch_tokens: {job.loop.batch_tokens} is not a multiple of train.batch_size * "
                               f"model.max_seq_len = {micro}")
         job.loop.grad_accum = job.loop.batch_tokens // micro
+    from llmlab.model.transformer import check_sizes
+
     check_sizes(job.spec)
     return job
 

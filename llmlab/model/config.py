@@ -1,0 +1,336 @@
+"""The model's schema: every part's Config dataclass, the registries they are options of, and
+`ModelSpec`, the checked whole. No torch here, so composing or checking a config (``llmlab
+train --cfg job``, ``--help``, a mistake's one-line error) imports none: each registry imports
+the module that holds its classes (``impl``) only when a part is built.
+
+A new kind of part is its Config here, declared with ``@REGISTRY.option(name)``, and its
+class in the ``impl`` module, registered with ``@REGISTRY.register(name)``. The file grows by
+a few lines a kind (about 330 lines): the whole schema of the network reads in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from llmlab.errors import ConfigError
+from llmlab.registry import Registry, parse_dataclass, store_schema
+
+ATTENTION = Registry("attention", group="model/attention", package="_global_.attention", impl="llmlab.model.attention")
+FFN = Registry("ffn", group="model/ffn", package="_global_.ffn", impl="llmlab.model.ffn")
+NORM = Registry("norm.kind", impl="llmlab.model.norm")
+BLOCK = Registry("norm", group="norm", kind_key="placement", impl="llmlab.model.block")
+POSITION = Registry("pos", group="pos", impl="llmlab.model.position")
+OBJECTIVE = Registry("objective", group="objective", impl="llmlab.model.objective")
+
+
+def _at_least(cfg: Any, prefix: str, minimum: int, *keys: str) -> None:
+    for key in keys:
+        if getattr(cfg, key) < minimum:
+            raise ConfigError(f"{prefix}.{key}: must be >= {minimum}, got {getattr(cfg, key)}")
+
+
+# ---- attention (model/attention=..., settings attention.*) ----
+
+@ATTENTION.option("gqa")
+@dataclass
+class GQAConfig:
+    kind: str = "gqa"
+    kv_heads: int = 2  # key/value heads, each shared by n_heads / kv_heads query heads
+
+    def check(self, prefix: str) -> None:
+        _at_least(self, prefix, 1, "kv_heads")
+
+
+@ATTENTION.option("mha")
+@dataclass
+class MHAConfig:
+    kind: str = "mha"
+
+
+@ATTENTION.option("mqa")
+@dataclass
+class MQAConfig:
+    kind: str = "mqa"
+
+
+@ATTENTION.option("swa")
+@dataclass
+class SWAConfig:
+    kind: str = "swa"
+    window: int = 64  # positions each query sees, itself included
+    kv_heads: int | None = None  # null: one KV head per query head; set it for grouped-query SWA
+
+    def check(self, prefix: str) -> None:
+        _at_least(self, prefix, 1, "window")
+        if self.kv_heads is not None and self.kv_heads < 1:
+            raise ConfigError(f"{prefix}.kv_heads: must be >= 1 or null, got {self.kv_heads}")
+
+
+@ATTENTION.option("qknorm")
+@dataclass
+class QKNormConfig(GQAConfig):
+    kind: str = "qknorm"
+
+
+@ATTENTION.option("mla")
+@dataclass
+class MLAConfig:
+    kind: str = "mla"
+    q_rank: int = 0  # 0: no query compression
+    kv_rank: int = 96  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
+    rope_dim: int = 32  # per-head rotary query dims, and the one shared rotary key's
+    nope_dim: int = 64  # per-head query/key dims without position
+    v_dim: int = 64  # per-head value dims
+    absorb: bool = True  # decode in the latent space (W_UK into the query, W_UV into the output)
+
+    def check(self, prefix: str) -> None:
+        _at_least(self, prefix, 1, "kv_rank", "rope_dim", "nope_dim", "v_dim")
+        if self.rope_dim % 2:
+            raise ConfigError(f"{prefix}.rope_dim: must be even (RoPE rotates pairs), got {self.rope_dim}")
+        if self.q_rank < 0:
+            raise ConfigError(f"{prefix}.q_rank: must be >= 0 (0 = no query compression), got {self.q_rank}")
+
+
+# ---- feed-forward (model/ffn=..., settings ffn.*) ----
+
+@dataclass
+class FFNConfig:
+    kind: str = ""
+    hidden: int | None = None  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
+
+    def check(self, prefix: str) -> None:
+        if self.hidden is not None and self.hidden < 1:
+            raise ConfigError(f"{prefix}.hidden: must be >= 1 or null, got {self.hidden}")
+
+
+@FFN.option("gelu")
+@dataclass
+class GeluConfig(FFNConfig):
+    kind: str = "gelu"
+
+
+@FFN.option("gelu_tanh")
+@dataclass
+class GeluTanhConfig(FFNConfig):
+    kind: str = "gelu_tanh"
+
+
+@FFN.option("relu2")
+@dataclass
+class ReluSquaredConfig(FFNConfig):
+    kind: str = "relu2"
+
+
+@FFN.option("swiglu")
+@dataclass
+class SwiGLUConfig(FFNConfig):
+    kind: str = "swiglu"
+
+
+@FFN.option("geglu")
+@dataclass
+class GeGLUConfig(FFNConfig):
+    kind: str = "geglu"
+
+
+@FFN.option("moe")
+@dataclass
+class MoEConfig(FFNConfig):
+    """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
+
+    kind: str = "moe"
+    n_experts: int = 8
+    top_k: int = 2
+    shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
+    jitter: float = 0.0  # router input multiplied by U(1 - jitter, 1 + jitter) in training
+    balance_coef: float = 0.01  # weight of the Switch load-balancing loss (per MoE layer)
+
+    def check(self, prefix: str) -> None:
+        super().check(prefix)
+        _at_least(self, prefix, 1, "n_experts")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(f"{prefix}.top_k: must be in [1, {prefix}.n_experts={self.n_experts}], got {self.top_k}")
+        if self.shared_experts < 0 or not 0 <= self.jitter < 1 or self.balance_coef < 0:
+            raise ConfigError(f"{prefix}: shared_experts >= 0, 0 <= jitter < 1 and balance_coef >= 0 are required")
+
+
+# ---- norms (norm.kind) and their placement (norm=pre|post) ----
+
+@NORM.option("rmsnorm")
+@dataclass
+class RMSNormConfig:
+    kind: str = "rmsnorm"
+
+
+@NORM.option("layernorm")
+@dataclass
+class LayerNormConfig:
+    kind: str = "layernorm"
+
+
+@dataclass
+class NormConfig:
+    """The ``norm`` group: where the norm sits (``placement``: a block class, the group's
+    option) and which norm it is (``kind``: a `NORM` variant, a setting)."""
+
+    placement: str = "pre"
+    kind: str = "rmsnorm"  # rmsnorm | layernorm
+    eps: float = 1e-5
+
+    def check(self, prefix: str) -> None:
+        BLOCK.config_of(self.placement, f"{prefix}.placement")
+        NORM.config_of(self.kind, f"{prefix}.kind")
+        if not self.eps > 0:
+            raise ConfigError(f"{prefix}.eps: must be > 0, got {self.eps}")
+
+
+@BLOCK.option("pre")
+@dataclass
+class PreNormConfig(NormConfig):
+    placement: str = "pre"
+
+
+@BLOCK.option("post")
+@dataclass
+class PostNormConfig(NormConfig):  # Vaswani et al. 2017, section 3.1
+    placement: str = "post"
+    kind: str = "layernorm"
+
+
+# ---- position (pos=...) ----
+
+@POSITION.option("none")
+@dataclass
+class NoPositionConfig:
+    kind: str = "none"
+
+
+@POSITION.option("rope")
+@dataclass
+class RoPEConfig:
+    kind: str = "rope"
+    theta: float = 10000.0  # the base of the rotation frequencies
+
+    def check(self, prefix: str) -> None:
+        if self.theta <= 1:
+            raise ConfigError(f"{prefix}.theta: must be > 1, got {self.theta}")
+
+
+@POSITION.option("sinusoidal")
+@dataclass
+class SinusoidalConfig:
+    kind: str = "sinusoidal"
+
+
+@POSITION.option("learned")
+@dataclass
+class LearnedConfig:
+    kind: str = "learned"
+
+
+# ---- objective (objective=...) ----
+
+@OBJECTIVE.option("clm")
+@dataclass
+class CausalLMConfig:
+    kind: str = "clm"
+
+
+@OBJECTIVE.option("mlm")
+@dataclass
+class MaskedLMConfig:
+    kind: str = "mlm"
+    mask_prob: float = 0.15
+    mask_replace: float = 0.8
+    random_replace: float = 0.1
+
+    def check(self, prefix: str) -> None:
+        if not 0 < self.mask_prob < 1:
+            raise ConfigError(f"{prefix}.mask_prob: must be in (0, 1), got {self.mask_prob}")
+        if self.mask_replace < 0 or self.random_replace < 0 or self.mask_replace + self.random_replace > 1:
+            raise ConfigError(f"{prefix}.mask_replace + {prefix}.random_replace: must be within [0, 1]")
+
+
+# ---- the model section and the whole ----
+
+@dataclass
+class ModelConfig:
+    """The ``model`` section: shared sizes, passed to every part."""
+
+    name: str = "custom"  # a label for reports; presets set theirs
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    max_seq_len: int = 256
+    mtp_heads: int = 0  # extra heads predicting tokens t+2 ... t+1+mtp_heads
+    mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
+    bias: bool = False
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    vocab_multiple: int = 64  # pad the vocabulary for faster matmuls
+
+    def check(self, prefix: str) -> None:
+        _at_least(self, prefix, 1, "d_model", "n_layers", "n_heads", "max_seq_len", "vocab_multiple")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"{prefix}.n_heads: {self.n_heads} does not divide {prefix}.d_model={self.d_model}")
+        _at_least(self, prefix, 0, "mtp_heads")
+
+
+def _register_schema() -> None:
+    """The ``model`` section's schema (``conf/model/tiny.yaml`` builds on it), and a model
+    option per attention kind, so that ``model=gqa`` is the tiny model with GQA."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store_schema("model", ModelConfig)
+    ATTENTION.on_register(lambda name, config: store.store(
+        group="model", name=name, provider="llmlab",
+        node={"defaults": ["tiny", {"override attention": name}, "_self_"], "name": name}))
+
+
+_register_schema()
+
+
+@dataclass
+class ModelSpec:
+    """Everything that determines the network: what a checkpoint needs to rebuild it."""
+
+    vocab_size: int
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: Any = None
+    ffn: Any = None
+    norm: NormConfig = field(default_factory=NormConfig)
+    pos: Any = None
+    objective: Any = None
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
+        """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
+        model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
+        return cls(
+            vocab_size=vocab_size,
+            model=parse_dataclass(ModelConfig, model, "model"),
+            attention=ATTENTION.config(cfg.get("attention"), "attention"),
+            ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn"),
+            norm=BLOCK.config(cfg.get("norm") or NormConfig(), "norm"),
+            pos=POSITION.config(cfg.get("pos"), "pos"),
+            objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
+        )
+
+    def to_dict(self) -> dict:
+        return {"vocab_size": self.vocab_size, "model": asdict(self.model), "attention": asdict(self.attention),
+                "ffn": asdict(self.ffn), "norm": asdict(self.norm), "pos": asdict(self.pos), "objective": asdict(self.objective)}
+
+
+def upgrade_ffn(model: Mapping[str, Any] | None, ffn: Mapping[str, Any] | None) -> tuple[dict, Any]:
+    """Checkpoints written before the FFN was a config group of its own kept it inside the
+    ``model`` section (``ffn``, ``ffn_hidden``, ``moe``): move those into an ``ffn`` section."""
+    model = dict(model or {})
+    if "ffn" not in model or ffn is not None:
+        return model, ffn
+    kind, hidden, moe = model.pop("ffn"), model.pop("ffn_hidden", None), dict(model.pop("moe", None) or {})
+    ffn = {"kind": kind, "hidden": hidden}
+    if kind == "moe":
+        ffn.update({k: v for k, v in moe.items() if k != "expert_hidden"}, hidden=moe.get("expert_hidden") or hidden)
+    return model, ffn
