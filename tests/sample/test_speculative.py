@@ -138,13 +138,17 @@ def test_self_speculative_with_mtp_heads_equals_plain_greedy(attn):
     assert stats.acceptance > 0.5 and stats.target_forwards < 40 / 2  # the trained heads save forwards
 
 
-def test_verify_draws_from_the_target_distribution():
+@pytest.mark.parametrize("q", [[[0.1, 0.1, 0.2, 0.3, 0.3], [0.3, 0.3, 0.2, 0.1, 0.1]],
+                               [[0.0, 0.5, 0.0, 0.5, 0.0], [0.4, 0.0, 0.6, 0.0, 0.0]]],
+                         ids=["full", "shortlist"])
+def test_verify_draws_from_the_target_distribution(q):
     """The kernel alone: whatever q proposes, the first emitted token follows p[0] and the
-    first two follow p[0] x p[1] when the first draft is accepted."""
+    first two follow p[0] x p[1] when the first draft is accepted; also when q proposes only
+    some tokens (a draft shortlist), so the others come from the residual alone."""
     g = torch.Generator().manual_seed(0)
     V = 5
     p = torch.tensor([[0.5, 0.2, 0.2, 0.1, 0.0], [0.1, 0.1, 0.1, 0.1, 0.6], [0.2] * 5])
-    q = torch.tensor([[0.1, 0.1, 0.2, 0.3, 0.3], [0.3, 0.3, 0.2, 0.1, 0.1]])
+    q = torch.tensor(q)
     first = np.zeros(V)
     pairs = np.zeros((V, V))
     n = 20000
@@ -162,8 +166,12 @@ def test_verify_draws_from_the_target_distribution():
     assert chi2_p(second, p[1].numpy()) > 1e-3
 
 
-@pytest.mark.parametrize("min_confidence, shortlist", [(0.0, None), (0.3, None), (0.0, [0, 2, 3])],
-                         ids=["plain", "confidence-stop", "draft-shortlist"])
+# 1,500 generations each: the plain case runs by default; the other two are `slow` (make
+# test-all), since their exactness is also checked by the greedy tests and the kernel test
+@pytest.mark.parametrize("min_confidence, shortlist", [
+    pytest.param(0.0, None, id="plain"),
+    pytest.param(0.3, None, id="confidence-stop", marks=pytest.mark.slow),
+    pytest.param(0.0, [0, 2, 3], id="draft-shortlist", marks=pytest.mark.slow)])
 def test_sampled_tokens_follow_the_target_distribution_with_filters(min_confidence, shortlist):
     """End to end on a 6-token vocabulary: the joint distribution of the first two sampled
     tokens, under temperature, top-k and a repetition penalty, matches the target's, also
