@@ -25,11 +25,11 @@ from rich.table import Table
 from llmlab import console
 from llmlab.data.corpus import CORPUS, Document
 from llmlab.data.shards import ShardWriter, read_shard, token_dtype
-from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
+from llmlab.data.tokenizer import EOS, TOKENIZER, TextTokenizer
 from llmlab.errors import UserError
 from llmlab.files import clean_stale, disk_error, owned_tmp_dir
 
-FORMAT_VERSION = 2  # 2: BPE pieces capped at MAX_PIECE_CHARS
+FORMAT_VERSION = 3  # 2: BPE pieces capped at MAX_PIECE_CHARS; 3: literal separators end documents
 DEFAULT_CACHE = ".cache/llmlab"
 
 # Cutting a document at a newline between two non-space characters leaves byte-level BPE's
@@ -56,12 +56,23 @@ def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
     return out
 
 
-def training_batches(docs: list[Document], per_batch: int = 32):
+def segments(text: str, separator: str | None) -> list[str]:
+    """A document's texts between literal separators: corpora such as TinyStories mark their
+    document boundaries with ``<|endoftext|>`` in the text itself. Each segment is encoded as
+    a document of its own (the separator id follows it), and the literal is never text that
+    tokenizer training learns merges from (``<|``, ``endoft``: merges that could never fire,
+    since encoding maps the literal to its id)."""
+    if not separator or separator not in text:
+        return [text]
+    return [part for part in text.split(separator) if part]
+
+
+def training_batches(docs: list[Document], per_batch: int = 32, separator: str | None = EOS):
     """Batches of text for tokenizer training: pieces, which pre-tokenize exactly like their
     documents (so counts are unchanged) and let one large document use every thread."""
     for i in range(0, len(docs), per_batch):
         chunk = docs[i:i + per_batch]
-        yield chunk, [p for d in chunk for p in pieces(d.text)]
+        yield chunk, [p for d in chunk for seg in segments(d.text, separator) for p in pieces(seg)]
 
 
 @dataclass
@@ -120,7 +131,8 @@ def _progress(disable: bool = False) -> Progress:
 
 def _encode_split(docs: list[Document], tok: TextTokenizer, writer: ShardWriter, progress: Progress,
                   label: str, batch_pieces: int = 256) -> None:
-    """Encode documents into ``writer``, each followed by the separator."""
+    """Encode documents into ``writer``, each (and each segment between literal separators)
+    followed by the separator."""
     total = sum(d.nbytes for d in docs)
     task = progress.add_task(f"encode {label}", total=total, rate="")
     t0 = time.perf_counter()
@@ -137,9 +149,10 @@ def _encode_split(docs: list[Document], tok: TextTokenizer, writer: ShardWriter,
         ends.clear()
 
     for doc in docs:
-        parts = pieces(doc.text)
-        batch.extend(parts)
-        ends.extend([False] * (len(parts) - 1) + [True])
+        for seg in segments(doc.text, tok.eos):
+            parts = pieces(seg)
+            batch.extend(parts)
+            ends.extend([False] * (len(parts) - 1) + [True])
         done_bytes += doc.nbytes
         if len(batch) >= batch_pieces:
             flush()

@@ -133,3 +133,24 @@ def test_pretrained_tokenizer_file_is_used_as_is(tmp_path, corpus_dir):
     assert np.array_equal(np.asarray(again.tokens("train")), np.asarray(bpe.tokens("train")))
     with pytest.raises(UserError, match=r"^tokenizer.path: no tokenizer.json at"):
         prep.prepare(data, {"kind": "pretrained", "path": str(tmp_path / "none.json")}, str(tmp_path / "c"), quiet=True)
+
+
+def test_a_literal_separator_in_the_text_ends_a_document_and_is_not_learned(tmp_path):
+    """TinyStories-style text: documents separated by a literal <|endoftext|>. Each story is
+    encoded as a document of its own (its tokens, then the separator id), and BPE training
+    never sees the literal, so no merge of its pieces (``<|``, ``endoft``, ``|>``) is learned."""
+    stories = [f"Once upon a time there was a cat number {i}. It liked fish and the sun.\n" for i in range(300)]
+    (tmp_path / "stories.txt").write_text("<|endoftext|>".join(stories) + "<|endoftext|>", encoding="utf-8")
+    data = {**TEXT, "paths": [str(tmp_path / "stories.txt")], "val_fraction": 0.1}
+    p = prep.prepare(data, {"kind": "bpe", "vocab_size": 400, "min_frequency": 2}, str(tmp_path / "cache"), quiet=True)
+    tok = p.tokenizer()
+    learned = [t for t in tok.tok.get_vocab() if t != "<|endoftext|>"]
+    assert not [t for t in learned if "<|" in t or "|>" in t or "endoft" in t or "oftext" in t]
+    assert len(learned) > 300  # merges were learned, from the stories
+    # the train split is the text's head (one file is split at a line); each of its stories
+    # is its tokens and one separator: none is lost, none doubled by the literal
+    doc = Document("stories.txt", (tmp_path / "stories.txt").read_text(encoding="utf-8"), 0)
+    head = split_documents([doc], 0.1).train[0].text
+    expected = [i for story in head.split("<|endoftext|>") if story for i in tok.encode(story) + [tok.eos_id]]
+    assert np.asarray(p.tokens("train")).tolist() == expected
+    assert head.count("<|endoftext|>") > 250
