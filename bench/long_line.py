@@ -14,8 +14,7 @@ import random
 import time
 
 from bench.common import write_result
-from llmlab.data.corpus import Document
-from llmlab.data.prepare import pieces, training_batches
+from llmlab.data.prepare import pieces
 from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
 
 
@@ -30,20 +29,19 @@ def line(kind: str, n: int) -> str:
 
 def measure(text: str, cut: bool, vocab: int, repeats: int) -> dict:
     """Tokenizer training and encoding of ``text`` (one document, one line); medians."""
-    docs = [Document("line", text, len(text))]
     factory = TOKENIZER.build(TOKENIZER.config({"kind": "bpe", "vocab_size": vocab}, "tokenizer"))
     train, encode = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         if cut:
-            tok = factory.make(lambda: (b for _, b in training_batches(docs)), total=1)
+            tok = factory.make(lambda: iter([pieces(text)]), total=1)
         else:  # the reference: GPT-2's pre-tokenizer alone, as before the cap
             from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
             raw = Tokenizer(models.BPE())
             raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             raw.decoder = decoders.ByteLevel()
             t0 = time.perf_counter()
-            raw.train_from_iterator((b for _, b in training_batches(docs)), trainers.BpeTrainer(
+            raw.train_from_iterator(iter([pieces(text)]), trainers.BpeTrainer(
                 vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()), length=1)
             tok = TextTokenizer(raw)

@@ -16,21 +16,21 @@ from pathlib import Path
 
 from bench.common import median_of, write_result
 from llmlab.data.corpus import CORPUS
-from llmlab.data.prepare import pieces, prepare, training_batches
+from llmlab.data.build import sample_for_tokenizer
+from llmlab.data.prepare import pieces, prepare
 from llmlab.data.tokenizer import TOKENIZER
 
 
 def measure(data_section: dict, repeats: int) -> dict:
     corpus = CORPUS.build(CORPUS.config(data_section, "data"))
-    split = corpus.split()
-    texts = [d.text for d in split.train]
-    nbytes = sum(d.nbytes for d in split.train)
+    train_docs = list(corpus.stream("train"))
+    texts = [d.text for d in train_docs]
+    nbytes = sum(d.nbytes for d in train_docs)
     factory = TOKENIZER.build(TOKENIZER.config({"kind": "bpe"}, "tokenizer"))
-    batches = lambda: (batch for _, batch in training_batches(split.train))  # noqa: E731
     tok_holder = {}
 
     def train():
-        tok_holder["tok"] = factory.make(batches, (len(texts) + 31) // 32)
+        tok_holder["tok"] = factory.make(lambda: sample_for_tokenizer(corpus, None)[0])
 
     t_train, all_train = median_of(train, repeats)
     tok = tok_holder["tok"]

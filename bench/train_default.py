@@ -24,8 +24,8 @@ from llmlab.data.corpus import CORPUS
 
 def xz_bits_per_byte(data_section: dict) -> dict:
     """xz -9 (LZMA2, preset 9) over the concatenated validation documents."""
-    split = CORPUS.build(CORPUS.config(data_section, "data")).split()
-    raw = b"".join(d.text.encode("utf-8", "surrogateescape") for d in split.val)
+    val = CORPUS.build(CORPUS.config(data_section, "data")).stream("val")
+    raw = b"".join(d.text.encode("utf-8", "surrogateescape") for d in val)
     packed = lzma.compress(raw, format=lzma.FORMAT_XZ, preset=9)
     return {"xz9_bpb": 8 * len(packed) / len(raw), "val_bytes": len(raw)}
 

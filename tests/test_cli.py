@@ -170,7 +170,7 @@ def test_train_writes_a_run_directory(trained):
     from llmlab.train.checkpoint import load_checkpoint
     data = root / summary["data"]  # absolute: the join keeps it
     meta = json.loads((data / "meta.json").read_text())
-    train_ids = read_shard(data / "train.bin", meta["dtype"])
+    train_ids = np.concatenate([read_shard(data / "train" / s["file"], meta["dtype"]) for s in meta["train"]["shards"]])
     counts = load_checkpoint(run / "checkpoints" / "step_000006").token_counts()
     assert counts.tolist() == np.bincount(train_ids, minlength=meta["vocab_size"]).tolist()
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "config.yaml").is_file()

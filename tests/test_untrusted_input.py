@@ -172,7 +172,7 @@ def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: 
     cache = tmp_path / ".cache"
     shutil.copytree(root / ".cache", cache)
     (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
-    shard = entry / "train.bin"
+    shard = entry / "train" / "000000.bin"
     if damage == "truncated":
         shard.write_bytes(shard.read_bytes()[:-3])
     else:

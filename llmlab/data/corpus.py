@@ -1,99 +1,198 @@
 """Corpora (config group ``data``): where the text comes from, split into train and val.
 
-A corpus yields documents. Splits are by document and deterministic: documents are ordered
-by a hash of their name and the first ``val_fraction`` of that order is validation. A corpus
-of a single document is split at a line near the end instead.
+A corpus streams its documents, one at a time, so memory is bounded by the largest piece and
+not by the corpus: a file larger than `PART_BYTES` arrives in parts, each cut where a cut
+leaves byte-level BPE's pre-tokenization unchanged. Splits are by document, deterministic,
+and decided per document without holding the corpus: a document is validation when a hash of
+its name (of its row index, for a dataset) falls in the first ``val_fraction`` of the hash
+range. When that leaves a split empty (a handful of documents), the document with the lowest
+hash is validation and the one with the highest is training. A corpus of a single document
+is split at the first line after ``1 - val_fraction`` of its bytes instead.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import os
+import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
 
 CORPUS = Registry("data", group="data")
+SPLITS = ("train", "val")
+PART_BYTES = 4 << 20  # a larger file is read in parts of about this size
+
+# Cutting at a newline between two non-space characters leaves byte-level BPE's
+# pre-tokenization unchanged, so the parts of a text encode to exactly the ids of the whole.
+SAFE_CUT = re.compile(r"(?<=\S)\n(?=\S)")
 
 
 @dataclass
 class Document:
+    """A document, or a part of one (``end`` False: more of the same document follows)."""
+
     name: str
     text: str
     nbytes: int  # bytes of the source as stored, before any decoding repair
+    end: bool = True
 
 
-@dataclass
-class Split:
-    train: list[Document]
-    val: list[Document]
-
-    def summary(self) -> dict[str, int]:
-        return {"train_docs": len(self.train), "val_docs": len(self.val),
-                "train_bytes": sum(d.nbytes for d in self.train), "val_bytes": sum(d.nbytes for d in self.val)}
+def hash_fraction(name: str) -> float:
+    """Where a document's name falls in [0, 1): the split's and the tokenizer sample's rule."""
+    return int(hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:15], 16) / 16**15
 
 
-def _rank(name: str) -> str:
-    return hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()
+def val_names(names: Sequence[str], val_fraction: float) -> set[str]:
+    """The names that are validation: hash below ``val_fraction``; with every name known, a
+    split left empty gets the lowest (or gives up the highest) hash."""
+    if len(names) < 2:
+        return set()
+    ranked = sorted(names, key=hash_fraction)
+    val = {n for n in names if hash_fraction(n) < val_fraction}
+    if not val:
+        val = {ranked[0]}
+    if len(val) == len(names):
+        val.discard(ranked[-1])
+    return val
 
 
-def split_documents(docs: list[Document], val_fraction: float) -> Split:
-    if not docs:
-        raise UserError("data: the corpus is empty: no documents were found")
-    if not any(d.text.strip() for d in docs):
-        raise UserError(f"data: the corpus is empty: its {len(docs):,} documents hold no text")
-    if len(docs) == 1:
-        doc = docs[0]
-        cut = int(len(doc.text) * (1 - val_fraction))
-        newline = doc.text.find("\n", cut)
-        cut = newline + 1 if 0 <= newline < len(doc.text) - 1 else cut
-        head, tail = doc.text[:cut], doc.text[cut:]
-        head_bytes = len(head.encode("utf-8", "surrogatepass"))
-        # bytes of the stored source, split in proportion where decoding repaired anything
-        return Split([Document(doc.name, head, min(head_bytes, doc.nbytes))],
-                     [Document(doc.name + ":val", tail, doc.nbytes - min(head_bytes, doc.nbytes))])
-    order = sorted(docs, key=lambda d: _rank(d.name))
-    n_val = min(len(docs) - 1, max(1, round(val_fraction * len(docs))))
-    val = sorted(order[:n_val], key=lambda d: d.name)
-    train = sorted(order[n_val:], key=lambda d: d.name)
-    return Split(train, val)
+def read_parts(path: Path, name: str, start: int = 0, stop: int | None = None,
+               part_bytes: int = PART_BYTES) -> Iterator[Document]:
+    """The bytes [start, stop) of a file as documents parts of about ``part_bytes``, decoded as
+    UTF-8 (a few stdlib files are not: repaired, with the honest byte count), each part cut at a
+    `SAFE_CUT` (a part with none runs on to the next)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = (os.fstat(f.fileno()).st_size if stop is None else stop) - start
+        text, nbytes = "", 0
+        while True:
+            raw = f.read(min(part_bytes, max(0, left)))
+            left -= len(raw)
+            last = not raw or left <= 0
+            text += decoder.decode(raw, final=last)
+            nbytes += len(raw)
+            if last:
+                yield Document(name, text, nbytes, end=True)
+                return
+            m = SAFE_CUT.search(text, max(0, len(text) - part_bytes // 2))
+            if m and m.end() < len(text):
+                head = text[:m.end()]
+                # the part's share of the source bytes: exact unless decoding repaired bytes
+                head_bytes = min(nbytes, len(head.encode("utf-8", "surrogatepass")))
+                yield Document(name, head, head_bytes, end=False)
+                text, nbytes = text[m.end():], nbytes - head_bytes
+
+
+def line_cut(path: Path, val_fraction: float) -> int:
+    """The byte offset where one file's validation part starts: after the first newline
+    past ``1 - val_fraction`` of its bytes."""
+    size = path.stat().st_size
+    cut = int(size * (1 - val_fraction))
+    with open(path, "rb") as f:
+        f.seek(cut)
+        while True:
+            block = f.read(1 << 16)
+            i = block.find(b"\n")
+            if i >= 0:
+                offset = cut + i + 1
+                return offset if offset < size else int(size * (1 - val_fraction))
+            if not block:
+                return int(size * (1 - val_fraction))
+            cut += len(block)
 
 
 def read_file(path: Path, root: Path | None = None) -> Document:
+    """One whole file as a document (``eval text=``: a file the user names)."""
     raw = path.read_bytes()
     name = str(path.relative_to(root)) if root else str(path)
-    # a few stdlib files are not UTF-8: repair the text, keep the honest byte count
     return Document(name, raw.decode("utf-8", errors="replace"), len(raw))
 
 
 class Corpus:
+    """A source of documents. A kind provides ``fingerprint`` and either ``files`` (a corpus
+    of files, one document each) or its own ``stream`` and ``size``."""
+
     @dataclass
     class Config:
         kind: str = ""
         val_fraction: float = 0.05
+        workers: int | None = None  # processes that encode; null: every core (the tokens do not depend on it)
+        shard_tokens: int = 100_000_000  # tokens per shard file of the prepared data (its layout, not its tokens)
 
         def check(self, prefix: str) -> None:
             if not 0 < self.val_fraction < 1:
                 raise ConfigError(f"{prefix}.val_fraction: must be in (0, 1), got {self.val_fraction}")
+            if self.workers is not None and self.workers < 1:
+                raise ConfigError(f"{prefix}.workers: must be >= 1 or null (every core), got {self.workers}")
+            if self.shard_tokens < 1:
+                raise ConfigError(f"{prefix}.shard_tokens: must be >= 1, got {self.shard_tokens}")
 
     def __init__(self, cfg):
         self.cfg = cfg
-
-    def documents(self) -> list[Document]:
-        raise NotImplementedError
+        self._files: list[Path] | None = None
+        self._val: set[str] | None = None
+        self._root: Path | None = None
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this corpus's content, for the prepared-data cache key."""
         raise NotImplementedError
 
-    def split(self) -> Split:
-        return split_documents(self.documents(), self.cfg.val_fraction)
+    def files(self) -> list[Path]:
+        raise NotImplementedError
+
+    def name_of(self, path: Path) -> str:
+        """A document's name: its path below the directory that holds every file of the
+        corpus, so the split does not change when the corpus moves."""
+        if self._root is None:
+            files = self._listed()
+            self._root = Path(os.path.commonpath([p.parent for p in files])) if files else Path()
+        return path.relative_to(self._root).as_posix()
+
+    def _listed(self) -> list[Path]:
+        if self._files is None:
+            self._files = self.files()
+            if not self._files:
+                raise UserError("data: the corpus is empty: no documents were found")
+        return self._files
+
+    def _split_files(self, split: str) -> list[tuple[Path, int, int | None]]:
+        """(file, first byte, end byte or None) of each document of ``split``, in name order."""
+        files = self._listed()
+        if len(files) == 1:
+            cut = line_cut(files[0], self.cfg.val_fraction)
+            return [(files[0], 0, cut)] if split == "train" else [(files[0], cut, None)]
+        if self._val is None:
+            self._val = val_names([self.name_of(p) for p in files], self.cfg.val_fraction)
+        want_val = split == "val"
+        return [(p, 0, None) for p in files if (self.name_of(p) in self._val) == want_val]
+
+    def stream(self, split: str) -> Iterator[Document]:
+        """The documents (and parts of documents) of ``split``, always in the same order."""
+        files = self._listed()
+        for path, start, stop in self._split_files(split):
+            name = self.name_of(path) + (":val" if len(files) == 1 and split == "val" else "")
+            yield from read_parts(path, name, start, stop)
+
+    def size(self, split: str) -> int | None:
+        """The split's bytes, where known before reading it (for progress and sampling)."""
+        total = 0
+        for path, start, stop in self._split_files(split):
+            total += (path.stat().st_size if stop is None else stop) - start
+        return total
+
+    def documents(self) -> Iterator[Document]:
+        """Every document, train then val."""
+        for split in SPLITS:
+            yield from self.stream(split)
 
 
 def _files_fingerprint(files: list[Path]) -> dict[str, Any]:
@@ -126,12 +225,11 @@ class PythonSource(Corpus):
                       if not (set(p.relative_to(root).parts[:-1]) & self.SKIP_DIRS)
                       and not p.name.startswith("test_"))
 
-    def documents(self) -> list[Document]:
-        root = self.root()
-        return [read_file(p, root) for p in self.files()]
+    def name_of(self, path: Path) -> str:
+        return path.relative_to(self.root()).as_posix()
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"root": str(self.root()), "python": sys.version.split()[0], **_files_fingerprint(self.files())}
+        return {"root": str(self.root()), "python": sys.version.split()[0], **_files_fingerprint(self._listed())}
 
 
 @CORPUS.register("text")
@@ -168,20 +266,32 @@ class TextFiles(Corpus):
             raise UserError(f"data.paths: no files matched {patterns}")
         return sorted(found)
 
-    def documents(self) -> list[Document]:
-        return [read_file(p) for p in self.files()]
-
     def fingerprint(self) -> dict[str, Any]:
-        return _files_fingerprint(self.files())
+        return _files_fingerprint(self._listed())
+
+
+def row_fractions(start: int, stop: int) -> "Any":
+    """`hash_fraction` for rows ``start..stop-1`` of a dataset, vectorised: splitmix64 of the
+    row index, so a split of millions of rows is decided without naming each."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        z = np.arange(start, stop, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 @CORPUS.register("hf")
 class HFDataset(Corpus):
     """A Hugging Face `datasets` dataset by hub name or local path (json, parquet, csv, text,
-    or a saved dataset directory). Rows of ``text_column`` are documents."""
+    or a saved dataset directory). Rows of ``text_column`` are documents, read in Arrow
+    batches from the memory-mapped dataset, never as one column in memory."""
 
     LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv",
                       ".txt": "text", ".arrow": "arrow"}
+    BATCH_ROWS = 1000
 
     @dataclass
     class Config(Corpus.Config):
@@ -193,6 +303,11 @@ class HFDataset(Corpus):
         text_column: str = "text"
         max_docs: int | None = None
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._datasets: dict[str, Any] = {}
+        self._edges: tuple[int, int] | None = None
+
     def _local_files(self) -> list[str]:
         """The local files ``data.path`` names (a file or a glob); [] for a hub name or a directory."""
         path = os.path.expanduser(self.cfg.path)
@@ -200,6 +315,8 @@ class HFDataset(Corpus):
         return sorted(p for p in matches if os.path.isfile(p))
 
     def _load(self, split: str):
+        if split in self._datasets:
+            return self._datasets[split]
         import datasets
 
         path = os.path.expanduser(self.cfg.path)
@@ -215,12 +332,12 @@ class HFDataset(Corpus):
             builder, kwargs = self.LOCAL_BUILDERS[Path(local[0]).suffix], {"data_files": local}
         elif os.path.isdir(path) and (Path(path) / "dataset_info.json").exists():
             ds = datasets.load_from_disk(path)
-            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+            return self._checked(split, ds[split] if isinstance(ds, datasets.DatasetDict) else ds)
         verbosity = datasets.logging.get_verbosity()
         # the builder logs a malformed file's error as well as raising it: said once, below
         datasets.logging.set_verbosity(datasets.logging.CRITICAL)
         try:
-            return datasets.load_dataset(builder, self.cfg.name, split=split, **kwargs)
+            ds = datasets.load_dataset(builder, self.cfg.name, split=split, **kwargs)
         except Exception as e:
             # a malformed local file (a JSONL line that is not JSON, say) fails inside the builder
             # with the library's own exception types; either way it is the data's fault
@@ -231,30 +348,72 @@ class HFDataset(Corpus):
             raise UserError(f"data.path: cannot load '{self.cfg.path}' split '{split}': {reason}") from e
         finally:
             datasets.logging.set_verbosity(verbosity)
+        return self._checked(split, ds)
 
-    def _docs(self, split: str) -> list[Document]:
-        ds = self._load(split)
+    def _checked(self, split: str, ds):
         col = self.cfg.text_column
         if col not in ds.column_names:
             raise ConfigError(f"data.text_column: '{col}' is not a column; columns: {', '.join(ds.column_names)}")
+        ds = ds.select_columns([col])
         if self.cfg.max_docs is not None:
             ds = ds.select(range(min(self.cfg.max_docs, len(ds))))
-        docs = []
-        for i, text in enumerate(ds[col]):
-            text = text or ""
-            docs.append(Document(f"{split}/{i:09d}", text, len(text.encode("utf-8", "surrogatepass"))))
-        return docs
+        if len(ds) == 0:
+            raise UserError(f"data.path: '{self.cfg.path}' has an empty split '{split}'")
+        self._datasets[split] = ds
+        return ds
 
-    def documents(self) -> list[Document]:
-        return self._docs(self.cfg.split)
+    def _rows_are_val(self, start: int, stop: int) -> "Any":
+        """Which rows of ``start..stop-1`` are validation, with `val_names`'s guarantee that
+        neither split is empty (the lowest and highest hash over all rows decide it)."""
+        n = len(self._load(self.cfg.split))
+        if self._edges is None:
+            count, low, high = 0, (2.0, 0), (-1.0, 0)
+            for first in range(0, n, 1 << 20):
+                f = row_fractions(first, min(n, first + (1 << 20)))
+                count += int((f < self.cfg.val_fraction).sum())
+                low = min(low, (float(f.min()), first + int(f.argmin())))
+                high = max(high, (float(f.max()), first + int(f.argmax())))
+            self._edges = (low[1] if count == 0 else -1, high[1] if count == n else -1)
+        f = row_fractions(start, stop)
+        val = f < self.cfg.val_fraction
+        force_val, force_train = self._edges
+        if start <= force_val < stop:
+            val[force_val - start] = True
+        if start <= force_train < stop:
+            val[force_train - start] = False
+        return val
 
-    def split(self) -> Split:
-        if self.cfg.val_split:
-            train, val = self._docs(self.cfg.split), self._docs(self.cfg.val_split)
-            if not train or not val:
-                raise UserError(f"data.path: '{self.cfg.path}' has an empty split")
-            return Split(train, val)
-        return super().split()
+    def _source(self, split: str):
+        """(dataset, whether val is held out of it by hash) for ``split``."""
+        held_out = not self.cfg.val_split
+        ds = self._load(self.cfg.val_split if split == "val" and not held_out else self.cfg.split)
+        if held_out and len(ds) < 2:
+            raise UserError(f"data.path: '{self.cfg.path}' has one row; give more documents or set data.val_split")
+        return ds, held_out
+
+    def stream(self, split: str) -> Iterator[Document]:
+        """Rows in Arrow batches of `BATCH_ROWS`."""
+        ds, held_out = self._source(split)
+        col = self.cfg.text_column
+        for first in range(0, len(ds), self.BATCH_ROWS):
+            stop = min(len(ds), first + self.BATCH_ROWS)
+            is_val = self._rows_are_val(first, stop) if held_out else None
+            for i, text in enumerate(ds[first:stop][col]):
+                if is_val is not None and bool(is_val[i]) != (split == "val"):
+                    continue
+                text = text or ""
+                yield Document(f"{split}/{first + i:09d}", text, len(text.encode("utf-8", "surrogatepass")))
+
+    def size(self, split: str) -> int | None:
+        """An estimate from the Arrow column's size (strings and offsets), for progress."""
+        ds, held_out = self._source(split)
+        try:
+            column = ds.data.table.column(self.cfg.text_column)
+            total = column.nbytes * len(ds) / max(1, len(column))
+        except Exception:  # another Arrow layout: no estimate
+            return None
+        share = (self.cfg.val_fraction if split == "val" else 1 - self.cfg.val_fraction) if held_out else 1.0
+        return int(total * share)
 
     def fingerprint(self) -> dict[str, Any]:
         path = os.path.expanduser(self.cfg.path)

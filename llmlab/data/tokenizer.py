@@ -145,6 +145,10 @@ class TokenizerFactory:
     def needs_training(self) -> bool:
         return False
 
+    def train_bytes(self) -> int | None:
+        """How much text training reads at most (None: everything)."""
+        return None
+
     def make(self, texts: Callable[[], Iterable[str]] | None = None, total: int | None = None) -> TextTokenizer:
         raise NotImplementedError
 
@@ -159,10 +163,16 @@ class ByteLevelBPE(TokenizerFactory):
         kind: str = "bpe"
         vocab_size: int = 8192
         min_frequency: int = 2
+        train_bytes: int = 256_000_000  # text it learns from: a fixed sample of the train split, by document hash
 
         def check(self, prefix: str) -> None:
             if not 257 <= self.vocab_size <= 2**32 - 1:
                 raise ConfigError(f"{prefix}.vocab_size: must be in [257, 2^32), got {self.vocab_size}")
+            if self.train_bytes < 1:
+                raise ConfigError(f"{prefix}.train_bytes: must be >= 1, got {self.train_bytes}")
+
+    def train_bytes(self) -> int | None:
+        return self.cfg.train_bytes
 
     def needs_training(self) -> bool:
         return True

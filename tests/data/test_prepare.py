@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import llmlab.data.prepare as prep
-from llmlab.data.corpus import CORPUS, Document, PythonSource, split_documents
+from llmlab.data.corpus import CORPUS, PythonSource, TextFiles, val_names
 from llmlab.data.shards import ShardWriter, read_shard, token_dtype
 from llmlab.errors import UserError
 
@@ -33,11 +33,14 @@ def test_prepare_writes_shards_and_meta_then_reuses_them(tmp_path, corpus_dir):
     assert first.built
     meta = json.loads((first.path / "meta.json").read_text())
     assert meta["vocab_size"] == 257 and meta["dtype"] == "uint16"
-    assert meta["train"]["docs"] == 3 and meta["val"]["docs"] == 1
+    n = meta["train"]["docs"]
+    assert n + meta["val"]["docs"] == 4 and n >= 1 and meta["val"]["docs"] >= 1
     train = first.tokens("train")
     # byte tokenizer: tokens = bytes + one separator per document
-    assert meta["train"]["tokens"] == meta["train"]["bytes"] + 3 == len(train)
-    assert (np.asarray(train) == 256).sum() == 3
+    assert meta["train"]["tokens"] == meta["train"]["bytes"] + n == len(train)
+    assert (np.asarray(train) == 256).sum() == n
+    assert [s["file"] for s in meta["train"]["shards"]] == ["000000.bin"]
+    assert sum(s["tokens"] for s in meta["train"]["shards"]) == len(train)
     assert (first.path / "tokenizer.json").is_file()
 
     again = prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
@@ -47,15 +50,35 @@ def test_prepare_writes_shards_and_meta_then_reuses_them(tmp_path, corpus_dir):
     assert other.built and other.path != first.path
 
 
-def test_a_failed_prepare_leaves_no_entry(tmp_path, corpus_dir, monkeypatch):
+def test_an_interrupted_prepare_leaves_no_entry_and_the_next_run_continues(tmp_path, corpus_dir, monkeypatch):
+    import llmlab.data.build as build
+
     data = {**TEXT, "paths": [str(corpus_dir / "*")]}
+    encode = build.Builder.encode
 
-    def broken(*a, **k):
-        raise KeyboardInterrupt  # as if the user pressed ^C halfway
+    def interrupted(self, split, *args):
+        if split == "val":
+            raise KeyboardInterrupt  # as if the user pressed ^C halfway
+        return encode(self, split, *args)
 
-    monkeypatch.setattr(prep, "_build", broken)
+    monkeypatch.setattr(build.Builder, "encode", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
+    left = [p.name for p in (tmp_path / "cache").iterdir()]
+    assert len(left) == 1 and left[0].startswith(".partial-")  # no entry, only what the next run continues
+    monkeypatch.setattr(build.Builder, "encode", encode)
+    again = prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
+    clean = prep.prepare(data, BYTE, str(tmp_path / "clean"), quiet=True)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [again.path.name]
+    assert np.asarray(again.tokens("train")).tolist() == np.asarray(clean.tokens("train")).tolist()
+    assert again.meta["val"] == clean.meta["val"]
+
+
+def test_a_mistake_in_the_data_leaves_nothing_behind(tmp_path):
+    (tmp_path / "a.txt").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    with pytest.raises(UserError, match="the corpus is empty"):
+        prep.prepare({**TEXT, "paths": [str(tmp_path / "*.txt")]}, BYTE, str(tmp_path / "cache"), quiet=True)
     assert list((tmp_path / "cache").iterdir()) == []
 
 
@@ -79,22 +102,53 @@ def test_empty_corpus_is_a_user_error(tmp_path):
         prep.prepare({**TEXT, "paths": [str(tmp_path / "nothing*.txt")]}, BYTE, str(tmp_path / "c"), quiet=True)
 
 
-def test_split_is_deterministic_by_document():
-    docs = [Document(f"f{i}.py", "x" * i, i) for i in range(100)]
-    a = split_documents(docs, 0.1)
-    b = split_documents(list(reversed(docs)), 0.1)
-    assert [d.name for d in a.val] == [d.name for d in b.val]
-    assert len(a.val) == 10 and len(a.train) == 90
-    assert not {d.name for d in a.val} & {d.name for d in a.train}
+def test_split_is_deterministic_disjoint_and_by_document(tmp_path):
+    names = [f"dir{i % 7}/f{i}.py" for i in range(2000)]
+    val = val_names(names, 0.1)
+    assert val == val_names(list(reversed(names)), 0.1)  # the order the files come in does not matter
+    assert 150 < len(val) < 250  # about val_fraction of the documents (binomial spread)
+    assert val_names(names[:1000], 0.1) == val & set(names[:1000])  # decided per document, not per corpus
+    # a handful of documents still gets one of each
+    for few in (["a.txt", "b.txt"], ["a", "b", "c"]):
+        assert 1 <= len(val_names(few, 0.5)) < len(few) and 1 <= len(val_names(few, 0.01)) < len(few)
+    # streamed by a corpus of files: every document in exactly one split, whole
+    d = tmp_path / "docs"
+    d.mkdir()
+    for i in range(60):
+        (d / f"{i:02d}.txt").write_text(f"document {i}\n" * (i + 1))
+    corpus = TextFiles(CORPUS.config({**TEXT, "paths": [str(d / "*.txt")]}, "data"))
+    seen = {split: [doc.name for doc in corpus.stream(split)] for split in ("train", "val")}
+    assert not set(seen["train"]) & set(seen["val"]) and len(seen["train"]) + len(seen["val"]) == 60
+    assert seen == {split: [doc.name for doc in corpus.stream(split)] for split in ("train", "val")}
 
 
-def test_single_document_is_split_at_a_line():
-    doc = Document("one.txt", "".join(f"line {i}\n" for i in range(100)), 0)
-    doc.nbytes = len(doc.text.encode())
-    s = split_documents([doc], 0.1)
-    assert s.train[0].text + s.val[0].text == doc.text
-    assert s.val[0].text.startswith("line ") and s.train[0].text.endswith("\n")
-    assert s.train[0].nbytes + s.val[0].nbytes == doc.nbytes
+def test_single_document_is_split_at_a_line(tmp_path):
+    text = "".join(f"line {i}\n" for i in range(100))
+    (tmp_path / "one.txt").write_text(text)
+    corpus = TextFiles(CORPUS.config({**TEXT, "paths": [str(tmp_path / "one.txt")], "val_fraction": 0.1}, "data"))
+    train, val = list(corpus.stream("train")), list(corpus.stream("val"))
+    assert "".join(d.text for d in train) + "".join(d.text for d in val) == text
+    assert val[0].text.startswith("line ") and train[-1].text.endswith("\n")
+    assert sum(d.nbytes for d in train + val) == len(text.encode())
+
+
+def test_a_large_file_streams_in_parts_that_encode_like_the_whole(tmp_path):
+    """A file larger than a part is read in parts cut where byte-level BPE's pre-tokenization
+    is unchanged, so memory holds one part and the ids equal those of the whole text."""
+    from llmlab.data.corpus import read_parts
+
+    text = "".join(f"def f{i}(x):\n    return x * {i}  # café\n" for i in range(3000))
+    (tmp_path / "big.py").write_text(text, encoding="utf-8")
+    parts = list(read_parts(tmp_path / "big.py", "big.py", part_bytes=4096))
+    assert len(parts) > 20 and all(not p.end for p in parts[:-1]) and parts[-1].end
+    assert "".join(p.text for p in parts) == text
+    assert sum(p.nbytes for p in parts) == len(text.encode())
+    p = prep.prepare({**TEXT, "paths": [str(tmp_path / "big.py")]}, {"kind": "bpe", "vocab_size": 300},
+                     str(tmp_path / "cache"), quiet=True)
+    tok = p.tokenizer()
+    head = "".join(d.text for d in TextFiles(CORPUS.config({**TEXT, "paths": [str(tmp_path / "big.py")]}, "data"))
+                   .stream("train"))
+    assert np.asarray(p.tokens("train")).tolist() == tok.encode(head) + [tok.eos_id]
 
 
 def test_pysource_lists_stdlib_without_tests():
@@ -117,7 +171,7 @@ def test_hf_corpus_reads_local_files_through_datasets(tmp_path, fmt):
     ds.to_json(path) if fmt == "jsonl" else ds.to_parquet(path)
     data = {"kind": "hf", "path": str(path), "val_fraction": 0.1}
     p = prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
-    assert p.meta["train"]["docs"] == 36 and p.meta["val"]["docs"] == 4
+    assert p.meta["train"]["docs"] + p.meta["val"]["docs"] == 40 and 1 <= p.meta["val"]["docs"] <= 10
     total = sum(len(r["text"].encode()) for r in rows)
     assert p.meta["train"]["bytes"] + p.meta["val"]["bytes"] == total
     with pytest.raises(UserError, match=r"^data.text_column: 'body' is not a column; columns: text, id"):
@@ -149,8 +203,8 @@ def test_a_literal_separator_in_the_text_ends_a_document_and_is_not_learned(tmp_
     assert len(learned) > 300  # merges were learned, from the stories
     # the train split is the text's head (one file is split at a line); each of its stories
     # is its tokens and one separator: none is lost, none doubled by the literal
-    doc = Document("stories.txt", (tmp_path / "stories.txt").read_text(encoding="utf-8"), 0)
-    head = split_documents([doc], 0.1).train[0].text
+    corpus = TextFiles(CORPUS.config(data, "data"))
+    head = "".join(d.text for d in corpus.stream("train"))
     expected = [i for story in head.split("<|endoftext|>") if story for i in tok.encode(story) + [tok.eos_id]]
     assert np.asarray(p.tokens("train")).tolist() == expected
     assert head.count("<|endoftext|>") > 250

@@ -1,0 +1,322 @@
+"""Building a cache entry, streamed: the corpus is read once for a tokenizer sample and once
+per split for encoding, a batch of about `BATCH_CHARS` at a time, so memory is bounded by the
+settings (batch size, workers, the tokenizer's sample), not by the corpus.
+
+The entry is built in ``<cache>/.partial-<key>/``, which survives a kill: ``progress.json``
+records the trained tokenizer and each finished shard with how far into its split's stream it
+reaches, so the next run continues after the last finished shard. A shard is written under a
+temporary name and renamed when whole, and one builder at a time holds the directory's lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from llmlab import console
+from llmlab.data.corpus import SPLITS, Corpus, Document, hash_fraction
+from llmlab.data.encode import encode_batches
+from llmlab.data.shards import SplitWriter, token_dtype
+from llmlab.data.tokenizer import EOS, TextTokenizer
+from llmlab.errors import UserError
+from llmlab.files import atomic_write_text
+
+BATCH_CHARS = 1 << 20  # text per encoding batch
+SMALL_SPLIT = 16 << 20  # bytes below which the default encodes in this process (workers cost a start)
+LOG_EVERY_S = 10.0  # a progress line this often when stderr is not a terminal
+
+
+@dataclass
+class Batch:
+    texts: list[str] = field(default_factory=list)
+    ends: list[bool] = field(default_factory=list)  # the separator follows this text
+    chars: int = 0
+    nbytes: int = 0
+    docs: int = 0
+    position: int = 0  # stream items (documents or parts) consumed up to the end of this batch
+
+
+def batches(items: Iterator[Document], separator: str | None, position: int = 0,
+            batch_chars: int | None = None) -> Iterator[Batch]:
+    """Encoding batches of ``items``: each document's text in pieces, the separator after the
+    end of each document and at each literal separator inside one (see `segments`)."""
+    from llmlab.data.prepare import pieces
+
+    batch_chars = batch_chars or BATCH_CHARS
+    batch, open_text = Batch(position=position), False
+    for doc in items:
+        parts = doc.text.split(separator) if separator and separator in doc.text else [doc.text]
+        for k, part in enumerate(parts):
+            if part:
+                cut = pieces(part)
+                batch.texts += cut
+                batch.ends += [False] * len(cut)
+                open_text = True
+            if (k < len(parts) - 1 or doc.end) and open_text:  # a literal separator, or the document's end
+                if batch.ends:
+                    batch.ends[-1] = True
+                else:
+                    batch.texts.append("")
+                    batch.ends.append(True)
+                open_text = False
+        batch.chars += len(doc.text)
+        batch.nbytes += doc.nbytes
+        batch.docs += int(doc.end)
+        batch.position += 1
+        if batch.chars >= batch_chars:
+            yield batch
+            batch = Batch(position=batch.position)
+    if batch.texts or batch.docs or batch.nbytes:
+        yield batch
+
+
+def sample_for_tokenizer(corpus: Corpus, budget: int | None) -> tuple[Iterator[list[str]], dict[str, int]]:
+    """Texts for tokenizer training, in lists: the train split, or with a ``budget`` in bytes a
+    fixed sample of it: each document (or part of one) is taken when a hash of its name falls
+    below budget / size, until the budget is spent. Literal separators never reach training.
+    ``used`` fills in as the texts are read."""
+    from llmlab.data.prepare import pieces, segments
+
+    size = corpus.size("train")
+    share = 1.0 if budget is None or not size else min(1.0, budget / size)
+    used = {"bytes": 0, "of": size or 0, "read": 0}
+
+    def texts() -> Iterator[list[str]]:
+        part_of: dict[str, int] = {}
+        out: list[str] = []
+        for doc in corpus.stream("train"):
+            used["read"] += doc.nbytes
+            k = part_of.get(doc.name, 0)
+            part_of[doc.name] = k + 1 if not doc.end else 0
+            if share < 1 and hash_fraction(f"tokenizer:{doc.name}#{k}") >= share:
+                continue
+            out += [p for seg in segments(doc.text, EOS) for p in pieces(seg)]
+            used["bytes"] += doc.nbytes
+            if len(out) >= 256:
+                yield out
+                out = []
+            if budget is not None and used["bytes"] >= budget:
+                break
+        if out:
+            yield out
+    return texts(), used
+
+
+class Progress:
+    """Progress of one stage over bytes: a rich bar on a terminal, else a line every
+    `LOG_EVERY_S` (and at the end), both with MB/s, tokens/s and the time left."""
+
+    def __init__(self, bar, label: str, total: int | None):
+        self.bar, self.label, self.total = bar, label, total
+        self.task = bar.add_task(label, total=total, rate="") if bar is not None else None
+        self.t0 = self.last = time.perf_counter()
+        self.done = self.tokens = 0
+
+    def rate(self) -> str:
+        dt = max(1e-9, time.perf_counter() - self.t0)
+        text = f"{self.done / dt / 1e6:.1f} MB/s"
+        return text + (f", {self.tokens / dt / 1e6:.2f}M tok/s" if self.tokens else "")
+
+    def update(self, nbytes: int, tokens: int = 0, final: bool = False) -> None:
+        self.done += nbytes
+        self.tokens += tokens
+        if self.task is not None:
+            self.bar.update(self.task, completed=self.done, rate=self.rate())
+            return
+        now = time.perf_counter()
+        if final or now - self.last >= LOG_EVERY_S:
+            self.last = now
+            of = f" of {self.total / 1e6:,.0f} MB ({100 * self.done / self.total:.0f}%)" if self.total else ""
+            left = ""
+            if self.total and self.done and not final:
+                left = f", about {(self.total - self.done) * (now - self.t0) / self.done:.0f} s left"
+            console.err.print(f"{self.label}: {self.done / 1e6:,.1f} MB{of}, {self.rate()}{left}",
+                              highlight=False, soft_wrap=True)
+
+
+class Builder:
+    """Builds (or continues building) one cache entry in ``partial``."""
+
+    def __init__(self, corpus: Corpus, factory, partial: Path, workers: int | None, quiet: bool, shard_tokens: int):
+        self.corpus, self.factory, self.partial, self.quiet = corpus, factory, partial, quiet
+        self.workers, self.shard_tokens = workers, shard_tokens
+        path = partial / "progress.json"
+        self.progress: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+
+    def save_progress(self) -> None:
+        atomic_write_text(self.partial / "progress.json", json.dumps(self.progress, indent=1))
+
+    def bar(self):
+        if self.quiet or not console.err.is_terminal:
+            return None
+        from rich.progress import BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+        return Bar(TextColumn("{task.description:<22}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[rate]}"),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=console.err, transient=False)
+
+    def stage(self, bar, label: str, total: int | None):
+        return Progress(bar, label, total) if not self.quiet else _Silent()
+
+    def build(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        bar = self.bar()
+        if bar is not None:
+            bar.start()
+        try:
+            tok = self.tokenizer(bar)
+            dtype = token_dtype(tok.vocab_size)
+            splits = {name: self.encode(name, tok, dtype, bar) for name in SPLITS}
+        finally:
+            if bar is not None:
+                bar.stop()
+        timings = self.progress.setdefault("timings", {})
+        timings["total_s"] = round(time.perf_counter() - t0 + timings.get("before_s", 0.0), 3)
+        return {"vocab_size": tok.vocab_size, "dtype": dtype.name, "eos": tok.eos, "eos_id": tok.eos_id,
+                "layout": "shards", **splits, "tokenizer_sample": self.progress.get("tokenizer_sample"),
+                "timings": timings}
+
+    def tokenizer(self, bar) -> TextTokenizer:
+        path = self.partial / "tokenizer.json"
+        if self.progress.get("tokenizer") and path.is_file():
+            return TextTokenizer.load(path, self.progress.get("eos"))
+        t0 = time.perf_counter()
+        if self.factory.needs_training():
+            budget = self.factory.train_bytes()
+            texts, used = sample_for_tokenizer(self.corpus, budget)
+            stage = self.stage(bar, "train tokenizer", min(budget or used["of"], used["of"]) or None)
+
+            def counted() -> Iterator[list[str]]:
+                seen = 0
+                for chunk in texts:
+                    yield chunk
+                    stage.update(used["bytes"] - seen)
+                    seen = used["bytes"]
+            tok = self.factory.make(counted)
+            stage.update(0, final=True)
+            self.progress["tokenizer_sample"] = {"bytes": used["bytes"], "read": used["read"], "of": used["of"]}
+        else:
+            tok = self.factory.make()
+        tmp = path.with_name(".tokenizer.json.tmp")
+        tok.save(tmp)
+        os.replace(tmp, path)
+        self.progress["tokenizer"], self.progress["eos"] = True, tok.eos
+        self.progress.setdefault("timings", {})["tokenizer_s"] = round(time.perf_counter() - t0, 3)
+        self.save_progress()
+        return tok
+
+    def workers_for(self, split: str) -> int:
+        if self.workers is not None:
+            return self.workers
+        size = self.corpus.size(split)
+        return 0 if size is not None and size < SMALL_SPLIT else (os.cpu_count() or 1)
+
+    def encode(self, split: str, tok: TextTokenizer, dtype: np.dtype, bar) -> dict[str, Any]:
+        state = self.progress.setdefault("splits", {}).setdefault(split, {"shards": [], "done": False})
+        writer = SplitWriter(self.partial / split, dtype, self.shard_tokens, done=state["shards"])
+        if not state["done"]:
+            position = state["shards"][-1]["position"] if state["shards"] else 0
+            total = self.corpus.size(split)
+            stage = self.stage(bar, f"encode {split}", total)
+            stage.update(sum(s["bytes"] for s in state["shards"]))
+            t0, read_s = time.perf_counter(), 0.0
+            items = itertools.islice(self.corpus.stream(split), position, None)
+            timer = _Timed(batches(items, tok.eos, position))
+            encoded = encode_batches(timer, tok.tok.to_str(), tok.eos_id, dtype, self.workers_for(split))
+            for batch, ids in encoded:
+                writer.write(ids, batch.nbytes, batch.docs)
+                stage.update(batch.nbytes, len(ids))
+                if writer.full():
+                    self.finish(state, writer, batch.position)
+            self.finish(state, writer, timer.position)
+            state["done"] = True
+            read_s = timer.seconds
+            timings = self.progress.setdefault("timings", {})
+            timings[f"{split}_encode_s"] = round(timings.get(f"{split}_encode_s", 0) + time.perf_counter() - t0, 3)
+            timings[f"{split}_read_s"] = round(timings.get(f"{split}_read_s", 0) + read_s, 3)
+            self.save_progress()
+            stage.update(0, final=True)
+        shards = state["shards"]
+        return {"tokens": sum(s["tokens"] for s in shards), "bytes": sum(s["bytes"] for s in shards),
+                "docs": sum(s["docs"] for s in shards),
+                "shards": [{k: s[k] for k in ("file", "tokens", "bytes", "docs")} for s in shards]}
+
+    def finish(self, state: dict, writer: SplitWriter, position: int) -> None:
+        entry = writer.finish_shard(position)
+        if entry is None and not state["shards"]:  # an empty split still has one (empty) shard
+            writer.write(np.zeros(0, dtype=writer.dtype), 0, 0)
+            entry = writer.finish_shard(position)
+        if entry is not None:
+            state["shards"] = writer.shards
+            self.save_progress()
+
+
+class _Timed:
+    """Iterates ``batches``, adding up the time spent reading and cutting the text."""
+
+    def __init__(self, source: Iterator[Batch]):
+        self.source, self.seconds, self.position = source, 0.0, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        t = time.perf_counter()
+        try:
+            batch = next(self.source)
+        finally:
+            self.seconds += time.perf_counter() - t
+        self.position = batch.position
+        return batch
+
+
+class _Silent:
+    def update(self, *args, **kwargs) -> None:
+        pass
+
+
+def lock_partial(partial: Path, key: str, quiet: bool):
+    """Hold ``partial``'s lock (flock: dropped by the kernel when the holder dies); wait, saying
+    so, while another process holds it."""
+    import fcntl
+
+    f = open(partial / ".lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        if not quiet:
+            console.err.print(f"waiting: another llmlab (PID {holder}) is preparing {key}", highlight=False)
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def describe_resume(partial: Path) -> str | None:
+    """What a partial build holds, for the line that says a run continues it."""
+    try:
+        progress = json.loads((partial / "progress.json").read_text())
+    except (OSError, ValueError):
+        return None
+    shards = sum(len(s.get("shards", [])) for s in progress.get("splits", {}).values())
+    if not progress.get("tokenizer"):
+        return None
+    return f"the tokenizer and {shards} finished shard{'s' if shards != 1 else ''}"
+
+
+def check_empty(meta: dict[str, Any]) -> None:
+    if meta["train"]["docs"] + meta["val"]["docs"] == 0:
+        raise UserError("data: the corpus is empty: no documents were found")
+    if meta["train"]["tokens"] + meta["val"]["tokens"] == 0:
+        raise UserError(f"data: the corpus is empty: its {meta['train']['docs'] + meta['val']['docs']:,} documents "
+                        "hold no text")

@@ -1,0 +1,80 @@
+"""Encoding in parallel: batches of text become token ids in worker processes, each running the
+Rust tokenizer on its own batches with one thread, and the results come back in the order the
+batches went out. So the tokens never depend on the number of workers, and memory holds at most
+two batches per worker in flight."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+_state: dict[str, Any] = {}
+
+
+def _start(tokenizer_json: str, eos_id: int | None, dtype: str, one_thread: bool = True) -> None:
+    """Load the tokenizer in this process, its engine on one thread (``data.workers`` counts
+    the cores) unless ``one_thread`` is False."""
+    if one_thread:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer
+
+    _state.update(tok=Tokenizer.from_str(tokenizer_json), eos_id=eos_id, dtype=np.dtype(dtype))
+
+
+def encode_texts(texts: list[str], ends: list[bool]) -> np.ndarray:
+    """Token ids of ``texts`` in order, the separator after each text that ends a document."""
+    from llmlab.data.tokenizer import engine_errors
+
+    with engine_errors():
+        encoded = _state["tok"].encode_batch(texts, add_special_tokens=False)
+    eos, out = _state["eos_id"], []
+    for e, end in zip(encoded, ends):
+        out.extend(e.ids)
+        if end and eos is not None:
+            out.append(eos)
+    return np.asarray(out, dtype=_state["dtype"])
+
+
+@contextlib.contextmanager
+def _in_process(tokenizer_json: str, eos_id: int | None, dtype: str, one_thread: bool):
+    saved, before = os.environ.get("TOKENIZERS_PARALLELISM"), dict(_state)
+    try:
+        _start(tokenizer_json, eos_id, dtype, one_thread)
+        yield
+    finally:
+        _state.clear()
+        _state.update(before)
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def encode_batches(batches: Iterable[Any], tokenizer_json: str, eos_id: int | None, dtype: np.dtype,
+                   workers: int) -> Iterator[tuple[Any, np.ndarray]]:
+    """(batch, ids) for each batch, in order. A batch has ``texts`` and ``ends``; ``workers``
+    processes encode them (1: this process on one thread; 0: this process, with the engine's
+    own threads, for inputs too small to repay starting workers)."""
+    args = (tokenizer_json, eos_id, np.dtype(dtype).name)
+    if workers <= 1:
+        with _in_process(*args, one_thread=workers == 1):
+            for batch in batches:
+                yield batch, encode_texts(batch.texts, batch.ends)
+        return
+    import multiprocessing
+
+    # spawn: a fresh interpreter per worker (no fork of a process that holds threads or torch)
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_start, initargs=args) as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, pool.apply_async(encode_texts, (batch.texts, batch.ends))))
+            if len(pending) >= 2 * workers:
+                done, result = pending.popleft()
+                yield done, result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, result.get()

@@ -1,0 +1,171 @@
+"""The sharded token store: the same tokens whatever the workers and shard size, a killed
+build that continues to byte-identical shards, windows drawn across shards with exact resume,
+and offsets past 2^32."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+import llmlab.data.build as build
+import llmlab.data.prepare as prep
+from llmlab.data.batches import RandomWindows
+from llmlab.data.shards import TokenStore, read_shard
+
+BPE = {"kind": "bpe", "vocab_size": 320}
+
+
+def write_docs(root, n=40, repeat=30):
+    d = root / "docs"
+    d.mkdir()
+    for i in range(n):
+        (d / f"{i:03d}.py").write_text(f"def function_{i}(x):\n    return x + {i}  # note {i % 5}\n" * (repeat + i))
+    return {"kind": "text", "paths": [str(d / "*.py")], "val_fraction": 0.2}
+
+
+def all_tokens(p, split="train"):
+    return np.asarray(p.tokens(split)).tolist()
+
+
+def shard_bytes(p, split="train"):
+    return [(p.path / split / s["file"]).read_bytes() for s in p.meta[split]["shards"]]
+
+
+def test_the_tokens_do_not_depend_on_workers_or_shard_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "BATCH_CHARS", 2000)  # many batches, so workers interleave
+    data = write_docs(tmp_path)
+    one = prep.prepare({**data, "workers": 1}, BPE, str(tmp_path / "c1"), quiet=True)
+    two = prep.prepare({**data, "workers": 2, "shard_tokens": 700}, BPE, str(tmp_path / "c2"), quiet=True)
+    assert one.path.name == two.path.name  # workers and shard size are not part of the key
+    assert len(one.meta["train"]["shards"]) == 1 and len(two.meta["train"]["shards"]) > 3
+    for split in ("train", "val"):
+        assert all_tokens(one, split) == all_tokens(two, split)
+        assert b"".join(shard_bytes(one, split)) == b"".join(shard_bytes(two, split))
+    index = two.meta["train"]
+    assert sum(s["tokens"] for s in index["shards"]) == index["tokens"] == len(two.tokens("train"))
+    assert sum(s["docs"] for s in index["shards"]) == index["docs"]
+    assert sum(s["bytes"] for s in index["shards"]) == index["bytes"]
+    assert all(s["tokens"] >= 700 for s in index["shards"][:-1])  # closed at the first batch past the size
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import llmlab.data.build as build
+    import llmlab.data.shards as shards
+    import llmlab.data.prepare as prep
+    build.BATCH_CHARS = 2000
+    writes = [0]
+    write = shards.SplitWriter.write
+    def write_then_die(self, *args):
+        write(self, *args)
+        writes[0] += 1
+        if len(self.shards) == 2 and self.writer is not None and self.writer.count > 0:
+            os.kill(os.getpid(), signal.SIGKILL)  # kill -9 in the middle of the third shard
+    shards.SplitWriter.write = write_then_die
+    prep.prepare({data!r}, {tok!r}, {cache!r}, quiet=True)
+""")
+
+
+def test_a_build_killed_mid_shard_continues_to_byte_identical_shards(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "BATCH_CHARS", 2000)
+    data = {**write_docs(tmp_path), "workers": 1, "shard_tokens": 700}
+    cache = tmp_path / "cache"
+    script = KILLER.format(data=data, tok=BPE, cache=str(cache))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    partial = next(cache.glob(".partial-*"))
+    progress = json.loads((partial / "progress.json").read_text())
+    assert len(progress["splits"]["train"]["shards"]) == 2 and list((partial / "train").glob(".*.tmp"))
+
+    resumed = prep.prepare(data, BPE, str(cache))  # not quiet: it says what it continues
+    clean = prep.prepare(data, BPE, str(tmp_path / "clean"), quiet=True)
+    assert resumed.built and not list(cache.glob(".partial-*"))
+    for split in ("train", "val"):
+        assert shard_bytes(resumed, split) == shard_bytes(clean, split)
+    assert resumed.meta["train"] == clean.meta["train"] and resumed.meta["val"] == clean.meta["val"]
+    assert not list((resumed.path / "train").glob(".*"))  # no temporary shard left behind
+
+
+def test_windows_are_drawn_across_shards_and_resume_exactly(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = []
+    for i, n in enumerate([50, 7, 120, 33]):
+        path = tmp_path / f"{i}.bin"
+        rng.integers(0, 1000, n).astype(np.uint16).tofile(path)
+        arrays.append(read_shard(path, np.uint16))
+    store, whole = TokenStore(arrays), np.concatenate([np.asarray(a) for a in arrays])
+    assert len(store) == len(whole) == 210
+    for start in range(0, 200):
+        assert store[start:start + 11].tolist() == whole[start:start + 11].tolist()
+    assert store[-1] == whole[-1] and store[57:57].size == 0
+
+    a = RandomWindows(store, 10, 4, seed=3)
+    b = RandomWindows(whole, 10, 4, seed=3)
+    for _ in range(30):  # the same windows as over one array, crossing shard edges
+        assert a.next_window().tolist() == b.next_window().tolist()
+    state = json.loads(json.dumps(a.state()))
+    expected = [a.next_window().tolist() for _ in range(5)]
+    c = RandomWindows(store, 10, 4, seed=99)
+    c.load_state(state)
+    assert [c.next_window().tolist() for _ in range(5)] == expected
+
+
+def test_more_than_2_to_the_32_tokens(tmp_path):
+    """Three sparse shards of 2^31 + 5 uint16 tokens each (12 GiB, no blocks on disk): offsets,
+    slices over the edges and window draws work past 2^32."""
+    n = 2**31 + 5
+    arrays = []
+    for i in range(3):
+        path = tmp_path / f"{i}.bin"
+        with open(path, "wb") as f:
+            f.truncate(n * 2)
+            f.seek((n - 3) * 2)
+            f.write(np.array([7 + i, 8 + i, 9 + i], dtype=np.uint16).tobytes())
+        arrays.append(read_shard(path, np.uint16))
+    store = TokenStore(arrays)
+    assert len(store) == 3 * n > 2**32
+    assert store[n - 3:n + 2].tolist() == [7, 8, 9, 0, 0]
+    assert store[2 * n - 3:2 * n + 2].tolist() == [8, 9, 10, 0, 0]  # an edge past 2^32
+    assert store[3 * n - 3:].tolist() == [9, 10, 11] and store[3 * n - 1] == 11
+    windows = RandomWindows(store, 8, 64, seed=0)
+    state = windows.state()
+    starts = windows.rng.integers(0, len(store) - 8, size=64)
+    assert (starts > 2**32).sum() > 10  # int64 starts over the whole store
+    windows.load_state(state)
+    got = windows.next_window().numpy()
+    assert got.shape == (64, 9)
+    for row, start in zip(got, starts):
+        assert row.tolist() == store[start:start + 9].tolist()
+
+
+def test_an_entry_from_before_shards_is_still_read(tmp_path):
+    entry = tmp_path / "cache" / "text-byte-0123456789ab"
+    entry.mkdir(parents=True)
+    np.arange(300, dtype=np.uint16).tofile(entry / "train.bin")
+    np.arange(50, dtype=np.uint16).tofile(entry / "val.bin")
+    meta = {"version": 2, "vocab_size": 257, "dtype": "uint16", "eos": "<|endoftext|>", "eos_id": 256,
+            "train": {"tokens": 300, "bytes": 300, "docs": 3}, "val": {"tokens": 50, "bytes": 50, "docs": 1},
+            "timings": {"read_s": 0.1, "tokenizer_s": 0.0, "encode_s": 0.1, "total_s": 0.2}}
+    (entry / "meta.json").write_text(json.dumps(meta))
+    p = prep.Prepared(entry, prep.read_meta(entry))
+    assert np.asarray(p.tokens("train")).tolist() == list(range(300)) and len(p.tokens("val")) == 50
+    assert p.token_counts("val")[:50].tolist() == [1] * 50
+    prep.print_summary(p)  # its older timings print too
+
+
+def test_two_builders_of_one_entry_share_the_work(tmp_path):
+    """A second process asking for an entry being built waits for the first and uses its entry."""
+    data = write_docs(tmp_path, n=30, repeat=200)
+    cache = tmp_path / "cache"
+    code = f"import llmlab.data.prepare as p; e = p.prepare({data!r}, {BPE!r}, {str(cache)!r}); print('BUILT', e.built)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "COLUMNS": "200"}) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    built = sorted(o.split("BUILT ")[1].strip() for o, _ in outs)
+    assert built == ["False", "True"]  # one built it, the other waited and read it
+    assert len(list(cache.iterdir())) == 1
