@@ -1,0 +1,203 @@
+"""`llmlab tokenize` past the toy corpus: a synthetic corpus of many files, made from the stdlib
+text with deterministic variations in a temporary directory (deleted afterwards), tokenized
+with ``data.workers=1`` and ``=2``.
+
+    python -m bench.tokenize_scale                          # 200 MB, 1 GB, 2 GB
+    python -m bench.tokenize_scale --sizes 200 --train-speed --default-ref ../old
+
+For each size: wall time, MB/s of reading, tokenizer training and encoding (each apart), peak
+RSS of the whole process tree (sampled every 0.1 s), the speed-up from 1 to 2 workers (at the
+sizes in ``--both-workers``), and, with ``--train-speed``, training tokens/s on a store of many
+shards against one shard (interleaved, medians). ``--default-ref`` also times the default
+``llmlab tokenize`` (the stdlib corpus) in another checkout, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.common import write_result
+
+REPO = Path(__file__).resolve().parent.parent
+FILE_BYTES = 4 << 20  # each synthetic file holds about this much text
+WORDS = ("self", "return", "None", "value", "name", "data", "result", "path", "args", "line")
+
+
+def make_corpus(root: Path, megabytes: int) -> int:
+    """Files of about FILE_BYTES from the stdlib sources; file k renames a few common words with
+    suffixes from k, so files differ and the vocabulary grows with the corpus. Returns bytes."""
+    sources = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sources]
+    root.mkdir(parents=True)
+    total, k, i = 0, 0, 0
+    while total < megabytes * 1_000_000:
+        parts, size = [], 0
+        while size < FILE_BYTES:
+            text = texts[i % len(texts)]
+            for j, w in enumerate(WORDS):
+                text = text.replace(f" {w}", f" {w}{(k * 7 + j) % 23}")
+            parts.append(text)
+            size += len(text.encode())
+            i += 1
+        data = "\n".join(parts).encode()
+        (root / f"part-{k:05d}.txt").write_bytes(data)
+        total += len(data)
+        k += 1
+    return total
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int, subprocess.CompletedProcess]:
+    """(wall seconds, peak tree RSS in bytes, the finished process)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = [0]
+
+    def watch():
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = proc.communicate()
+    watcher.join()
+    wall = time.perf_counter() - t
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if proc.returncode:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
+    return wall, peak[0], done
+
+
+def read_speed(corpus_dir: Path) -> float:
+    """MB/s of streaming the corpus alone (both splits), in this process."""
+    from llmlab.data.corpus import CORPUS
+
+    corpus = CORPUS.build(CORPUS.config({"kind": "text", "paths": [str(corpus_dir / "*.txt")]}, "data"))
+    t, n = time.perf_counter(), 0
+    for split in ("train", "val"):
+        n += sum(d.nbytes for d in corpus.stream(split))
+    return n / (time.perf_counter() - t) / 1e6
+
+
+def tokenize(corpus_dir: Path, cache: Path, workers: int, env: dict) -> dict:
+    cmd = [sys.executable, "-m", "llmlab", "tokenize", "data=text", f"data.paths=[{corpus_dir}/*.txt]",
+           f"data.workers={workers}", f"cache_dir={cache}", "hydra.run.dir=.", "hydra.output_subdir=null"]
+    wall, peak, _ = run_watched(cmd, cache.parent, env)
+    meta = json.loads(next(cache.glob("*/meta.json")).read_text())
+    t = meta["timings"]
+    mb = (meta["train"]["bytes"] + meta["val"]["bytes"]) / 1e6
+    sample = meta.get("tokenizer_sample") or {}
+    encode_s = t["train_encode_s"] + t["val_encode_s"]
+    return {"workers": workers, "wall_s": round(wall, 1), "peak_rss_gb": round(peak / 2**30, 3),
+            "tokenizer_s": t["tokenizer_s"], "tokenizer_sample_mb": round(sample.get("bytes", 0) / 1e6, 1),
+            "tokenizer_mb_s": round(sample.get("read", 0) / 1e6 / max(1e-9, t["tokenizer_s"]), 2),
+            "encode_s": round(encode_s, 1), "encode_mb_s": round(mb / encode_s, 2),
+            "encode_mtok_s": round((meta["train"]["tokens"] + meta["val"]["tokens"]) / encode_s / 1e6, 3),
+            "reader_s_in_encode": round(t["train_read_s"] + t["val_read_s"], 1),
+            "shards": len(meta["train"]["shards"]) + len(meta["val"]["shards"]),
+            "tokens": meta["train"]["tokens"] + meta["val"]["tokens"], "mb": round(mb, 1)}
+
+
+def train_speed(corpus_dir: Path, tmp: Path, env: dict, repeats: int) -> dict:
+    """tokens/s of a short tiny-model run on many shards against one shard (same tokens)."""
+    runs: dict[str, list[float]] = {"many_shards": [], "one_shard": []}
+    for r in range(repeats):
+        for name, shard_tokens in (("many_shards", 2_000_000), ("one_shard", 10**12)):
+            run = tmp / f"train-{name}-{r}"
+            cmd = [sys.executable, "-m", "llmlab", "train", "data=text", f"data.paths=[{corpus_dir}/*.txt]",
+                   f"data.shard_tokens={shard_tokens}", f"cache_dir={tmp / ('cache-' + name)}", "logger=none",
+                   "train.steps=60", "train.eval_every=0", "train.ckpt_every=0", "train.sample_tokens=0",
+                   "model.d_model=64", "model.n_layers=2", f"hydra.run.dir={run}"]
+            run_watched(cmd, tmp, env)
+            runs[name].append(json.loads((run / "summary.json").read_text())["tokens_per_s"])
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {"tokens_per_s": med, "runs": runs, "ratio": round(med["many_shards"] / med["one_shard"], 3)}
+
+
+def default_tokenize(trees: dict[str, Path], env: dict, repeats: int) -> dict:
+    """The default `llmlab tokenize` (stdlib corpus, fresh cache), interleaved over trees."""
+    times: dict[str, list[float]] = {k: [] for k in trees}
+    for _ in range(repeats):
+        for name, tree in trees.items():
+            with tempfile.TemporaryDirectory(prefix="llmlab-bench-default-") as d:
+                cmd = [sys.executable, "-m", "llmlab", "tokenize", f"cache_dir={d}/cache", "hydra.run.dir=.",
+                       "hydra.output_subdir=null"]
+                wall, _, _ = run_watched(cmd, Path(d), {**env, "PYTHONPATH": str(tree)})
+                times[name].append(round(wall, 2))
+    return {name: {"median_s": statistics.median(t), "runs_s": t} for name, t in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="200,1000,2000", help="corpus sizes in MB")
+    ap.add_argument("--both-workers", default="200", help="sizes (MB) also run with data.workers=1")
+    ap.add_argument("--train-speed", action="store_true", help="training tokens/s, many shards vs one")
+    ap.add_argument("--default-ref", type=Path, help="another checkout: time its default tokenize too")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tmp", default=None, help="where the corpus goes (default: the system temp dir)")
+    args = ap.parse_args()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "TERM": "dumb"}
+    result: dict = {"sizes": {}}
+    both = {int(s) for s in args.both_workers.split(",") if s}
+    with tempfile.TemporaryDirectory(prefix="llmlab-bench-scale-", dir=args.tmp) as tmp:
+        tmp = Path(tmp)
+        for mb in [int(s) for s in args.sizes.split(",")]:
+            corpus = tmp / f"corpus-{mb}"
+            t = time.perf_counter()
+            nbytes = make_corpus(corpus, mb)
+            entry = {"corpus_mb": round(nbytes / 1e6, 1), "files": len(list(corpus.iterdir())),
+                     "made_in_s": round(time.perf_counter() - t, 1), "read_mb_s": round(read_speed(corpus), 1)}
+            for workers in ([1, 2] if mb in both else [2]):
+                cache = tmp / f"cache-{mb}-{workers}"
+                entry[f"workers_{workers}"] = tokenize(corpus, cache, workers, env)
+                print(f"{mb} MB, workers={workers}: {entry[f'workers_{workers}']}", flush=True)
+                shutil.rmtree(cache, ignore_errors=True)
+            if "workers_1" in entry:
+                entry["encode_speedup_1_to_2"] = round(entry["workers_1"]["encode_s"] / entry["workers_2"]["encode_s"], 2)
+            result["sizes"][str(mb)] = entry
+            if args.train_speed and mb == min(int(s) for s in args.sizes.split(",")):
+                result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
+                print(f"training tokens/s: {result['train_speed']}", flush=True)
+            shutil.rmtree(corpus, ignore_errors=True)
+    trees = {"this": REPO, **({"ref": args.default_ref.resolve()} if args.default_ref else {})}
+    result["default_tokenize"] = default_tokenize(trees, env, args.repeats)
+    print(f"default tokenize: {result['default_tokenize']}")
+    write_result("tokenize_scale", result)
+
+
+if __name__ == "__main__":
+    main()
