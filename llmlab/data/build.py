@@ -133,7 +133,7 @@ class Progress:
         now = time.perf_counter()
         if final or now - self.last >= LOG_EVERY_S:
             self.last = now
-            of = f" of {self.total / 1e6:,.0f} MB ({100 * self.done / self.total:.0f}%)" if self.total else ""
+            of = f" of {self.total / 1e6:,.1f} MB ({100 * self.done / self.total:.0f}%)" if self.total else ""
             left = ""
             if self.total and self.done and not final:
                 left = f", about {(self.total - self.done) * (now - self.t0) / self.done:.0f} s left"
@@ -145,6 +145,9 @@ class Builder:
     """Builds (or continues building) one cache entry in ``partial``."""
 
     def __init__(self, corpus: Corpus, factory, partial: Path, workers: int | None, quiet: bool, shard_tokens: int):
+        size = corpus.size("train")
+        # a corpus known to be small is read once, for the tokenizer and the encoding both
+        corpus = _Held(corpus) if size is not None and size < SMALL_SPLIT else corpus
         self.corpus, self.factory, self.partial, self.quiet = corpus, factory, partial, quiet
         self.workers, self.shard_tokens = workers, shard_tokens
         path = partial / "progress.json"
@@ -228,7 +231,7 @@ class Builder:
             t0, read_s = time.perf_counter(), 0.0
             items = itertools.islice(self.corpus.stream(split), position, None)
             timer = _Timed(batches(items, tok.eos, position))
-            encoded = encode_batches(timer, tok.tok.to_str(), tok.eos_id, dtype, self.workers_for(split))
+            encoded = encode_batches(timer, tok.tok, tok.eos_id, dtype, self.workers_for(split))
             for batch, ids in encoded:
                 writer.write(ids, batch.nbytes, batch.docs)
                 stage.update(batch.nbytes, len(ids))
@@ -255,6 +258,21 @@ class Builder:
         if entry is not None:
             state["shards"] = writer.shards
             self.save_progress()
+
+
+class _Held:
+    """A corpus whose splits are kept in memory after their first reading."""
+
+    def __init__(self, corpus: Corpus):
+        self.corpus, self.held = corpus, {}
+
+    def size(self, split: str) -> int | None:
+        return self.corpus.size(split)
+
+    def stream(self, split: str) -> Iterator[Document]:
+        if split not in self.held:
+            self.held[split] = list(self.corpus.stream(split))
+        return iter(self.held[split])
 
 
 class _Timed:

@@ -141,6 +141,7 @@ class Corpus:
         self._files: list[Path] | None = None
         self._val: set[str] | None = None
         self._root: Path | None = None
+        self._split: dict[str, list] = {}
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this corpus's content, for the prepared-data cache key."""
@@ -166,6 +167,11 @@ class Corpus:
 
     def _split_files(self, split: str) -> list[tuple[Path, int, int | None]]:
         """(file, first byte, end byte or None) of each document of ``split``, in name order."""
+        if split not in self._split:
+            self._split[split] = self._files_of(split)
+        return self._split[split]
+
+    def _files_of(self, split: str) -> list[tuple[Path, int, int | None]]:
         files = self._listed()
         if len(files) == 1:
             cut = line_cut(files[0], self.cfg.val_fraction)
@@ -215,7 +221,9 @@ class PythonSource(Corpus):
         root: str | None = None  # null: the running interpreter's stdlib directory
 
     def root(self) -> Path:
-        return Path(self.cfg.root or sysconfig.get_paths()["stdlib"])
+        if self._root is None:
+            self._root = Path(self.cfg.root or sysconfig.get_paths()["stdlib"])
+        return self._root
 
     def files(self) -> list[Path]:
         root = self.root()

@@ -15,14 +15,16 @@ import numpy as np
 _state: dict[str, Any] = {}
 
 
-def _start(tokenizer_json: str, eos_id: int | None, dtype: str, one_thread: bool = True) -> None:
-    """Load the tokenizer in this process, its engine on one thread (``data.workers`` counts
-    the cores) unless ``one_thread`` is False."""
+def _start(tokenizer: Any, eos_id: int | None, dtype: str, one_thread: bool = True) -> None:
+    """Load the tokenizer (a `tokenizers.Tokenizer`, or its JSON in a worker) in this process,
+    its engine on one thread (``data.workers`` counts the cores) unless ``one_thread`` is False."""
     if one_thread:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from tokenizers import Tokenizer
+    if isinstance(tokenizer, str):
+        from tokenizers import Tokenizer
 
-    _state.update(tok=Tokenizer.from_str(tokenizer_json), eos_id=eos_id, dtype=np.dtype(dtype))
+        tokenizer = Tokenizer.from_str(tokenizer)
+    _state.update(tok=tokenizer, eos_id=eos_id, dtype=np.dtype(dtype))
 
 
 def encode_texts(texts: list[str], ends: list[bool]) -> np.ndarray:
@@ -40,10 +42,10 @@ def encode_texts(texts: list[str], ends: list[bool]) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _in_process(tokenizer_json: str, eos_id: int | None, dtype: str, one_thread: bool):
+def _in_process(tokenizer: Any, eos_id: int | None, dtype: str, one_thread: bool):
     saved, before = os.environ.get("TOKENIZERS_PARALLELISM"), dict(_state)
     try:
-        _start(tokenizer_json, eos_id, dtype, one_thread)
+        _start(tokenizer, eos_id, dtype, one_thread)
         yield
     finally:
         _state.clear()
@@ -54,20 +56,21 @@ def _in_process(tokenizer_json: str, eos_id: int | None, dtype: str, one_thread:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
-def encode_batches(batches: Iterable[Any], tokenizer_json: str, eos_id: int | None, dtype: np.dtype,
+def encode_batches(batches: Iterable[Any], tokenizer: Any, eos_id: int | None, dtype: np.dtype,
                    workers: int) -> Iterator[tuple[Any, np.ndarray]]:
     """(batch, ids) for each batch, in order. A batch has ``texts`` and ``ends``; ``workers``
     processes encode them (1: this process on one thread; 0: this process, with the engine's
-    own threads, for inputs too small to repay starting workers)."""
-    args = (tokenizer_json, eos_id, np.dtype(dtype).name)
+    own threads, for inputs too small to repay starting workers). ``tokenizer``: a
+    `tokenizers.Tokenizer`."""
     if workers <= 1:
-        with _in_process(*args, one_thread=workers == 1):
+        with _in_process(tokenizer, eos_id, np.dtype(dtype).name, one_thread=workers == 1):
             for batch in batches:
                 yield batch, encode_texts(batch.texts, batch.ends)
         return
     import multiprocessing
 
     # spawn: a fresh interpreter per worker (no fork of a process that holds threads or torch)
+    args = (tokenizer.to_str(), eos_id, np.dtype(dtype).name)
     with multiprocessing.get_context("spawn").Pool(workers, initializer=_start, initargs=args) as pool:
         pending: deque = deque()
         for batch in batches:
