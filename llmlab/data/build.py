@@ -93,8 +93,9 @@ def sample_for_tokenizer(corpus: Corpus, budget: int | None) -> tuple[Iterator[l
         out: list[str] = []
         for doc in corpus.stream("train"):
             used["read"] += doc.nbytes
-            k = part_of.get(doc.name, 0)
-            part_of[doc.name] = k + 1 if not doc.end else 0
+            k = part_of.pop(doc.name, 0)  # which part of its document this is (held until its end)
+            if not doc.end:
+                part_of[doc.name] = k + 1
             if share < 1 and hash_fraction(f"tokenizer:{doc.name}#{k}") >= share:
                 continue
             out += [p for seg in segments(doc.text, EOS) for p in pieces(seg)]

@@ -169,3 +169,19 @@ def test_two_builders_of_one_entry_share_the_work(tmp_path):
     built = sorted(o.split("BUILT ")[1].strip() for o, _ in outs)
     assert built == ["False", "True"]  # one built it, the other waited and read it
     assert len(list(cache.iterdir())) == 1
+
+
+def test_the_tokenizer_learns_from_a_fixed_sample_within_its_budget(tmp_path, capsys):
+    data = write_docs(tmp_path, n=60)
+    full = prep.prepare(data, BPE, str(tmp_path / "full"))
+    size = full.meta["tokenizer_sample"]["of"]
+    budget = size // 3
+    a = prep.prepare(data, {**BPE, "train_bytes": budget}, str(tmp_path / "a"))
+    b = prep.prepare(data, {**BPE, "train_bytes": budget}, str(tmp_path / "b"), quiet=True)
+    used = a.meta["tokenizer_sample"]["bytes"]
+    assert full.meta["tokenizer_sample"]["bytes"] == size  # no budget reached: all of the train split
+    # a hash sample of about budget / size of the documents, cut at the first one past the budget
+    assert budget / 2 < used < budget + 5000
+    assert (a.path / "tokenizer.json").read_text() == (b.path / "tokenizer.json").read_text()  # a fixed sample
+    assert (a.path / "tokenizer.json").read_text() != (full.path / "tokenizer.json").read_text()
+    assert f"on {used / 1e6:,.1f} MB of {size / 1e6:,.1f} MB" in capsys.readouterr().out
