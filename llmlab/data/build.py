@@ -41,16 +41,17 @@ class Batch:
     nbytes: int = 0
     docs: int = 0
     position: int = 0  # stream items (documents or parts) consumed up to the end of this batch
+    open_text: bool = False  # text since the last separator, at the end of this batch (a resume needs it)
 
 
 def batches(items: Iterator[Document], separator: str | None, position: int = 0,
-            batch_chars: int | None = None) -> Iterator[Batch]:
+            batch_chars: int | None = None, open_text: bool = False) -> Iterator[Batch]:
     """Encoding batches of ``items``: each document's text in pieces, the separator after the
     end of each document and at each literal separator inside one (see `segments`)."""
     from llmlab.data.prepare import pieces
 
     batch_chars = batch_chars or BATCH_CHARS
-    batch, open_text = Batch(position=position), False
+    batch = Batch(position=position)
     for doc in items:
         parts = doc.text.split(separator) if separator and separator in doc.text else [doc.text]
         for k, part in enumerate(parts):
@@ -70,9 +71,10 @@ def batches(items: Iterator[Document], separator: str | None, position: int = 0,
         batch.nbytes += doc.nbytes
         batch.docs += int(doc.end)
         batch.position += 1
+        batch.open_text = open_text
         if batch.chars >= batch_chars:
             yield batch
-            batch = Batch(position=batch.position)
+            batch = Batch(position=batch.position, open_text=open_text)
     if batch.texts or batch.docs or batch.nbytes:
         yield batch
 
@@ -225,20 +227,21 @@ class Builder:
         state = self.progress.setdefault("splits", {}).setdefault(split, {"shards": [], "done": False})
         writer = SplitWriter(self.partial / split, dtype, self.shard_tokens, done=state["shards"])
         if not state["done"]:
-            position = state["shards"][-1]["position"] if state["shards"] else 0
+            last = state["shards"][-1] if state["shards"] else {}
+            position, open_text = last.get("position", 0), last.get("open_text", False)
             total = self.corpus.size(split)
             stage = self.stage(bar, f"encode {split}", total)
             stage.update(sum(s["bytes"] for s in state["shards"]))
             t0, read_s = time.perf_counter(), 0.0
             items = itertools.islice(self.corpus.stream(split), position, None)
-            timer = _Timed(batches(items, tok.eos, position))
+            timer = _Timed(batches(items, tok.eos, position, open_text=open_text))
             encoded = encode_batches(timer, tok.tok, tok.eos_id, dtype, self.workers_for(split))
             for batch, ids in encoded:
                 writer.write(ids, batch.nbytes, batch.docs)
                 stage.update(batch.nbytes, len(ids))
                 if writer.full():
-                    self.finish(state, writer, batch.position)
-            self.finish(state, writer, timer.position)
+                    self.finish(state, writer, batch.position, batch.open_text)
+            self.finish(state, writer, timer.position, timer.open_text)
             state["done"] = True
             read_s = timer.seconds
             timings = self.progress.setdefault("timings", {})
@@ -251,12 +254,13 @@ class Builder:
                 "docs": sum(s["docs"] for s in shards),
                 "shards": [{k: s[k] for k in ("file", "tokens", "bytes", "docs")} for s in shards]}
 
-    def finish(self, state: dict, writer: SplitWriter, position: int) -> None:
+    def finish(self, state: dict, writer: SplitWriter, position: int, open_text: bool = False) -> None:
         entry = writer.finish_shard(position)
         if entry is None and not state["shards"]:  # an empty split still has one (empty) shard
             writer.write(np.zeros(0, dtype=writer.dtype), 0, 0)
             entry = writer.finish_shard(position)
         if entry is not None:
+            entry["open_text"] = open_text
             state["shards"] = writer.shards
             self.save_progress()
 
@@ -280,7 +284,7 @@ class _Timed:
     """Iterates ``batches``, adding up the time spent reading and cutting the text."""
 
     def __init__(self, source: Iterator[Batch]):
-        self.source, self.seconds, self.position = source, 0.0, 0
+        self.source, self.seconds, self.position, self.open_text = source, 0.0, 0, False
 
     def __iter__(self):
         return self
@@ -291,7 +295,7 @@ class _Timed:
             batch = next(self.source)
         finally:
             self.seconds += time.perf_counter() - t
-        self.position = batch.position
+        self.position, self.open_text = batch.position, batch.open_text
         return batch
 
 

@@ -185,3 +185,22 @@ def test_the_tokenizer_learns_from_a_fixed_sample_within_its_budget(tmp_path, ca
     assert (a.path / "tokenizer.json").read_text() == (b.path / "tokenizer.json").read_text()  # a fixed sample
     assert (a.path / "tokenizer.json").read_text() != (full.path / "tokenizer.json").read_text()
     assert f"on {used / 1e6:,.1f} MB of {size / 1e6:,.1f} MB" in capsys.readouterr().out
+
+
+def test_a_resume_between_the_parts_of_a_document_keeps_its_separators():
+    """A shard may end between two parts of one document; the next part may start with a
+    literal separator, which ends the text before it only if the resume knows text was open."""
+    from llmlab.data.corpus import Document
+
+    items = [Document("a", "xx", 2, end=False), Document("a", "<|endoftext|>yy", 15, end=False),
+             Document("a", "zz<|endoftext|>", 15, end=True), Document("b", "w", 1)]
+
+    def flat(bs):
+        return [(t, e) for b in bs for t, e in zip(b.texts, b.ends)]
+
+    whole = list(build.batches(iter(items), "<|endoftext|>", batch_chars=1))
+    assert flat(whole) == [("xx", False), ("", True), ("yy", False), ("zz", True), ("w", True)]  # "": the separator alone
+    for cut in range(1, len(items)):  # resumed after each batch, from what its shard recorded
+        first = whole[cut - 1]
+        rest = build.batches(iter(items[first.position:]), "<|endoftext|>", first.position, 1, first.open_text)
+        assert flat(whole[:cut]) + flat(rest) == flat(whole)
