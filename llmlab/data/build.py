@@ -79,12 +79,23 @@ def batches(items: Iterator[Document], separator: str | None, position: int = 0,
         yield batch
 
 
+def segments(text: str, separator: str | None) -> list[str]:
+    """A document's texts between literal separators: corpora such as TinyStories mark their
+    document boundaries with ``<|endoftext|>`` in the text itself. Each segment is encoded as
+    a document of its own (the separator id follows it), and the literal is never text that
+    tokenizer training learns merges from (``<|``, ``endoft``: merges that could never fire,
+    since encoding maps the literal to its id)."""
+    if not separator or separator not in text:
+        return [text]
+    return [part for part in text.split(separator) if part]
+
+
 def sample_for_tokenizer(corpus: Corpus, budget: int | None) -> tuple[Iterator[list[str]], dict[str, int]]:
     """Texts for tokenizer training, in lists: the train split, or with a ``budget`` in bytes a
     fixed sample of it: each document (or part of one) is taken when a hash of its name falls
     below budget / size, until the budget is spent. Literal separators never reach training.
     ``used`` fills in as the texts are read."""
-    from llmlab.data.prepare import pieces, segments
+    from llmlab.data.prepare import pieces
 
     size = corpus.size("train")
     share = 1.0 if budget is None or not size else min(1.0, budget / size)

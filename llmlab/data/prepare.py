@@ -55,17 +55,6 @@ def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
     return out
 
 
-def segments(text: str, separator: str | None) -> list[str]:
-    """A document's texts between literal separators: corpora such as TinyStories mark their
-    document boundaries with ``<|endoftext|>`` in the text itself. Each segment is encoded as
-    a document of its own (the separator id follows it), and the literal is never text that
-    tokenizer training learns merges from (``<|``, ``endoft``: merges that could never fire,
-    since encoding maps the literal to its id)."""
-    if not separator or separator not in text:
-        return [text]
-    return [part for part in text.split(separator) if part]
-
-
 @dataclass
 class Prepared:
     """A complete cache entry."""

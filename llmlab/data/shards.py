@@ -37,12 +37,6 @@ class ShardWriter:
             os.fsync(self.file.fileno())
         self.file.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 class SplitWriter:
     """A split's shards, written in ``directory``, each closed at the first batch boundary past

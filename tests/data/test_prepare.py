@@ -14,9 +14,10 @@ BYTE = {"kind": "byte"}
 
 def test_shard_write_read_round_trip(tmp_path):
     for dtype, top in ((np.uint16, 2**16 - 1), (np.uint32, 2**20)):
-        with ShardWriter(tmp_path / "a.bin", dtype) as w:
-            w.write([1, 2, 3])
-            w.write(np.array([top, 0]))
+        w = ShardWriter(tmp_path / "a.bin", dtype)
+        w.write([1, 2, 3])
+        w.write(np.array([top, 0]))
+        w.close(sync=True)
         assert w.count == 5
         assert read_shard(tmp_path / "a.bin", dtype).tolist() == [1, 2, 3, top, 0]
 
