@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bench.common import write_result
+from llmlab import perf
 
 REPO = Path(__file__).resolve().parent.parent
 FILE_BYTES = 4 << 20  # each synthetic file holds about this much text
@@ -80,8 +81,21 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+LOADS: list[float] = []
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished descendants (the tokenize run and its workers)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int, subprocess.CompletedProcess]:
-    """(wall seconds, peak tree RSS in bytes, the finished process)."""
+    """(wall seconds, peak tree RSS in bytes, the finished process); the process's ``other_load``
+    (the machine's share used by anything but it and its workers) goes in ``LOADS``."""
+    start, children0 = perf.snapshot(), _children_cpu()
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
@@ -96,6 +110,10 @@ def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int, subpr
     out, err = proc.communicate()
     watcher.join()
     wall = time.perf_counter() - t
+    end, children = perf.snapshot(), _children_cpu() - children0
+    if start.busy is not None and end.busy is not None:  # the tree's CPU is not other load
+        LOADS.append(min(1.0, max(0.0, (end.busy - start.busy - children - (end.own - start.own))
+                                  / ((end.wall - start.wall) * end.cpus))))
     done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if proc.returncode:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
@@ -117,6 +135,7 @@ def tokenize(corpus_dir: Path, cache: Path, workers: int, env: dict) -> dict:
     cmd = [sys.executable, "-m", "llmlab", "tokenize", "data=text", f"data.paths=[{corpus_dir}/*.txt]",
            f"data.workers={workers}", f"cache_dir={cache}", "hydra.run.dir=.", "hydra.output_subdir=null"]
     wall, peak, _ = run_watched(cmd, cache.parent, env)
+    load = LOADS[-1] if LOADS else None
     meta = json.loads(next(cache.glob("*/meta.json")).read_text())
     t = meta["timings"]
     mb = (meta["train"]["bytes"] + meta["val"]["bytes"]) / 1e6
@@ -128,6 +147,8 @@ def tokenize(corpus_dir: Path, cache: Path, workers: int, env: dict) -> dict:
             "encode_s": round(encode_s, 1), "encode_mb_s": round(mb / encode_s, 2),
             "encode_mtok_s": round((meta["train"]["tokens"] + meta["val"]["tokens"]) / encode_s / 1e6, 3),
             "reader_s_in_encode": round(t["train_read_s"] + t["val_read_s"], 1),
+            "main_process_cpu_s_in_encode": round(t["train_main_cpu_s"] + t["val_main_cpu_s"], 1),
+            "other_load": None if load is None else round(load, 3), "contended": perf.contended(load),
             "shards": len(meta["train"]["shards"]) + len(meta["val"]["shards"]),
             "tokens": meta["train"]["tokens"] + meta["val"]["tokens"], "mb": round(mb, 1)}
 

@@ -243,7 +243,7 @@ class Builder:
             total = self.corpus.size(split)
             stage = self.stage(bar, f"encode {split}", total)
             stage.update(sum(s["bytes"] for s in state["shards"]))
-            t0, read_s = time.perf_counter(), 0.0
+            t0, cpu0 = time.perf_counter(), time.process_time()
             items = itertools.islice(self.corpus.stream(split), position, None)
             timer = _Timed(batches(items, tok.eos, position, open_text=open_text))
             encoded = encode_batches(timer, tok.tok, tok.eos_id, dtype, self.workers_for(split))
@@ -254,10 +254,10 @@ class Builder:
                     self.finish(state, writer, batch.position, batch.open_text)
             self.finish(state, writer, timer.position, timer.open_text)
             state["done"] = True
-            read_s = timer.seconds
             timings = self.progress.setdefault("timings", {})
-            timings[f"{split}_encode_s"] = round(timings.get(f"{split}_encode_s", 0) + time.perf_counter() - t0, 3)
-            timings[f"{split}_read_s"] = round(timings.get(f"{split}_read_s", 0) + read_s, 3)
+            for name, value in (("encode_s", time.perf_counter() - t0), ("read_s", timer.seconds),
+                                ("main_cpu_s", time.process_time() - cpu0)):  # main_cpu_s: this process's CPU
+                timings[f"{split}_{name}"] = round(timings.get(f"{split}_{name}", 0) + value, 3)
             self.save_progress()
             stage.update(0, final=True)
         shards = state["shards"]
