@@ -123,9 +123,22 @@ def paths_to_runs_override(args: list[str]) -> list[str]:
     return add_overrides(rest, [f"runs=[{','.join(hydra_quote(p) for p in paths)}]"])
 
 
+def compact_number(m: re.Match) -> str:
+    """``100000000.0`` -> ``1e8``, ``3000000`` -> ``3e6``: a budget keeps its digits in a name."""
+    plain = m.group(0)[:-2] if m.group(0).endswith(".0") else m.group(0)
+    value = float(plain)
+    if value >= 1e6:
+        mantissa, exponent = f"{value:e}".split("e")
+        short = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+        return short if len(short) < len(plain) else plain
+    return plain
+
+
 def path_slug(text: str, limit: int = 60) -> str:
-    """A short, path-safe form of a job's overrides for its sweep directory name."""
-    text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", str(text).replace("/", "-"))
+    """A short, path-safe form of a job's overrides for its sweep directory name; large round
+    numbers in their short form (``train.max_flops=1e8``), so a cut at ``limit`` keeps them."""
+    text = re.sub(r"(?<==)\d+(\.0)?(?=,|_|$)", compact_number, str(text))
+    text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", text.replace("/", "-"))
     text = re.sub(r"-{2,}", "-", text).strip("-")
     return text[:limit].rstrip("-,") or "defaults"
 

@@ -40,6 +40,10 @@ def test_sweep_dir_names_are_short_and_path_safe():
     assert name_sweep_runs_by_swept_keys(["optim.lr=1"]) == ["optim.lr=1"]  # not a sweep
     assert len(path_slug("x=" + "y" * 500)) <= 60
     assert path_slug("") == "defaults"
+    # a budget keeps its value within the limit: 1e8, not the first digits of 100000000.0
+    assert path_slug("model.d_model=16,model/attention=mha,train.max_flops=100000000.0") == \
+        "model.d_model=16,model-attention=mha,train.max_flops=1e8"
+    assert path_slug("train.max_flops=250000000,train.steps=20000,x=1.0") == "train.max_flops=2.5e8,train.steps=20000,x=1"
 
 
 def test_sweeps_expand_to_every_combination():
