@@ -5,7 +5,9 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.errors import ConfigError
-from llmlab.registry import parse_dataclass, settings_lines, store_schema
+from llmlab.registry import choice, parse_dataclass, settings_lines, store_schema
+
+SELECT = ("all", "best_lr")
 
 @dataclass
 class ReportConfig:
@@ -14,6 +16,7 @@ class ReportConfig:
     runs: list[str] = field(default_factory=list)  # sweep or run directories (searched for summary.json)
     baseline: Any = None  # the group the others are compared with: its label, a unique part of it, or its index; null: the first
     out: str | None = None  # where report.md/.json/.png go; null: this command's run dir
+    select: str = choice("all", SELECT)  # best_lr: keep each cell's best optim.lr by final val loss (a sweep with an optim.lr axis)
 
     def check(self, prefix: str) -> None:
         if not self.runs:
@@ -36,4 +39,4 @@ def run(cfg: dict, run_dir: Path) -> None:
 
     validate(cfg)
     out = Path(str(cfg["out"])).expanduser() if cfg.get("out") else run_dir
-    write_report([str(r) for r in cfg["runs"]], cfg.get("baseline"), out)
+    write_report([str(r) for r in cfg["runs"]], cfg.get("baseline"), out, select=cfg.get("select") or "all")

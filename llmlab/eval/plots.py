@@ -121,3 +121,24 @@ def heatmaps_plot(weights: np.ndarray, labels: Sequence[str], path: Path, title:
         ax.set_ylabel("query", fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def scaling_plot(series: dict[str, dict], path: Path) -> Path:
+    """Loss against training FLOPs, one colour per variant: measured runs as points, the fitted
+    compute-optimal loss L*(C) as a line, its bootstrap band shaded."""
+    fig = Figure(figsize=(7.5, 4.5))
+    ax = fig.add_subplot()
+    for i, (label, s) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        ax.scatter(*s["points"], color=color, s=14, alpha=0.7, label=f"{label}: runs")
+        if "fit" in s:
+            ax.plot(s["x"], s["fit"], color=color, lw=1.5, label=f"{label}: fitted L*(C)")
+            if "lo" in s:
+                ax.fill_between(s["x"], s["lo"], s["hi"], color=color, alpha=0.18, lw=0)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs (model card)")
+    ax.set_ylabel("final validation loss")
+    ax.set_title("loss vs compute: runs, compute-optimal fit, 95% bootstrap band", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -6,7 +6,9 @@ KV-cache bytes/token) and speed (training and decode tokens/s). Each group is th
 with a baseline group, paired by seed: the mean difference, with paired t-test and sign-test
 p-values from 3 seeds on. One PNG overlays the validation curves, mean over seeds with the
 min-max band. The grouping, the statistics and the writers of report.md/json share one
-module (about 320 lines), since each table is computed where it is written.
+module (about 350 lines), since each table is computed where it is written. A sweep with a
+budget axis and a size axis also gets a scaling section (`llmlab.eval.scaling_report`), and
+``select=best_lr`` keeps each cell's best learning rate before anything is compared.
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def notes(report: dict) -> list[str]:
     return out
 
 
-def markdown(report: dict, figure: str | None) -> str:
+def markdown(report: dict, figure: str | None, scaling_figure: str | None = None) -> str:
     def table(cols, rows):
         lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
         return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -229,6 +231,12 @@ def markdown(report: dict, figure: str | None) -> str:
     out = ["# llmlab report", "",
            f"Runs grouped by their overrides minus `seed`. Val loss: final validation loss, mean ± 95% CI "
            f"(Student t over seeds). Matched tokens: {_num(matched)} (the most every run reached).", ""]
+    if report.get("lr_choices"):
+        out += ["`select=best_lr`: in each cell, the runs of the learning rate with the lowest mean final validation "
+                "loss are kept (a single shared learning rate favours the variant it happens to suit):", ""]
+        out += [f"- {c['cell']}: optim.lr={c['lr']} (val loss {c['val_loss']:.4f}; tried "
+                + ", ".join(f"{lr}: {v}" for lr, v in c["tried"].items()) + ")" for c in report["lr_choices"]]
+        out += [""]
     out += table(COLUMNS, table_rows(report))
     out += ["", "Speeds: median over timings and seeds ± half their interquartile range (or half the range "
             "between seeds, whichever is larger); * marks a figure timed while other work used the CPU."]
@@ -243,6 +251,10 @@ def markdown(report: dict, figure: str | None) -> str:
         out += [f"- `{name}`: {why}" for name, why in report["unfinished"].items()]
     if figure:
         out += ["", f"![validation loss curves]({figure})"]
+    if report.get("scaling"):
+        from llmlab.eval.scaling_report import markdown as scaling_markdown
+
+        out += scaling_markdown(report["scaling"], scaling_figure)
     return "\n".join(out) + "\n"
 
 
@@ -269,7 +281,8 @@ def curves(runs: list[Run], others: list[list[str]] = ()) -> dict[str, dict]:
 WIDE = 240  # columns for tables printed into a log file or a pipe
 
 
-def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[Path, str] | None = None) -> dict:
+def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[Path, str] | None = None,
+                 select: str = "all") -> dict:
     """Find the finished runs under ``dirs``, write report.md, report.json and report.png to
     ``out``, print the tables; return the report. ``llmlab report`` and the end of a train
     sweep both come here; a sweep passes its jobs that did not finish (directory -> why),
@@ -280,19 +293,31 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     from llmlab import console
     from llmlab.eval.plots import curves_plot
 
+    from llmlab.eval.scaling_report import LR_KEY, figure as scaling_figure, public, scaling_section, select_best_lr
+
     runs = find_runs(dirs)
+    choices = None
+    if select == "best_lr":
+        runs, choices = select_best_lr(runs)
     others = [read_overrides(path) for path in unfinished or {}]
     result = build_report(runs, baseline, others)
+    if choices is not None:
+        result["lr_choices"] = choices
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
     out.mkdir(parents=True, exist_ok=True)
+    scaling = scaling_section(runs, {LR_KEY} if select == "best_lr" else set())
+    scaled = None
+    if scaling is not None:
+        result["scaling"] = public(scaling)
+        scaled = "scaling.png" if scaling_figure(scaling, out / "scaling.png") else None
     figure = None
     per_group = curves(runs, others)
     if per_group:
         curves_plot(per_group, out / "report.png", "training tokens", "validation loss",
                     "validation loss: mean over seeds, band = min..max")
         figure = "report.png"
-    (out / "report.md").write_text(markdown(result, figure))
+    (out / "report.md").write_text(markdown(result, figure, scaled))
     (out / "report.json").write_text(json.dumps(result, indent=2))
 
     matched = "n/a" if result["matched_tokens"] is None else f"{result['matched_tokens']:,.0f}"
@@ -309,11 +334,37 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
             t.add_row(*row)
         return t
 
+    for c in choices or []:
+        show.print(f"select=best_lr: {c['cell']}: optim.lr={c['lr']} (val loss {c['val_loss']:.4f})", highlight=False)
     show.print(table(f"{plural(len(runs), 'run')} in {plural(len(result['groups']), 'group')} "
                      f"(val loss: mean ± 95% CI over seeds; matched tokens {matched})", COLUMNS, table_rows(result)))
     for line in notes(result):
         show.print(line, style="yellow")
     if result["comparisons"]:
         show.print(table(f"paired by seed against {result['baseline']}", COMPARE_COLUMNS, compare_rows(result)))
-    console.out.print(f"report: {out / 'report.md'}" + (f", {out / 'report.png'}" if figure else ""))
+    if scaling is not None:
+        for line in scaling_lines(result["scaling"]):
+            show.print(line, highlight=False)
+    console.out.print(f"report: {out / 'report.md'}" + (f", {out / 'report.png'}" if figure else "")
+                      + (f", {out / 'scaling.png'}" if scaled else ""))
     return result
+
+
+def scaling_lines(section: dict) -> list[str]:
+    """The scaling section in a few lines for the terminal (report.md has the tables)."""
+    out = []
+    for label, v in section["variants"].items():
+        if "surface" not in v:
+            out.append(f"scaling: {label}: {v['why']}")
+            continue
+        s = v["surface"]
+        optima = "; ".join(f"C={b['budget']:.2g}: N*={b['n_opt']:.3g}, L*={b['loss_opt']:.3f}"
+                           + (" (IsoFLOP grid off-centre)" if b["isoflop_off_centre"] else "") for b in v["per_budget"])
+        out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}; "
+                   + optima)
+    for c in section["crossings"]:
+        where = ("no crossing" if c["budget"] is None else f"cross at {c['budget']:.3g} FLOPs"
+                 + (" (extrapolated)" if c["extrapolated"] else ""))
+        out.append(f"scaling: {c['first']} vs {c['second']}: {where}; lower at the largest budget: "
+                   f"{c['lower_at_largest_budget']}")
+    return out

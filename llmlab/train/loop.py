@@ -11,7 +11,6 @@ checks that belong to each of its steps, the step, and the writers of records an
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -100,7 +99,8 @@ class Trainer:
         dist = self.dist
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
         console.out.print(f"device {self.device} ({self.precision}){parallel}; {self.tokens_per_step:,} tokens/step, "
-                          f"{self.steps} steps = {self.tokens_per_step * self.steps / 1e6:.2f}M tokens; MFU peak "
+                          f"{self.steps} steps = {self.tokens_per_step * self.steps / 1e6:.2f}M tokens = "
+                          f"{self.tokens_per_step * self.steps * self.card['flops_per_token']:.3g} FLOPs; MFU peak "
                           f"{self.peak / 1e12:.2f} TFLOP/s ({self.peak_source}); run id {self.run_id}")
 
     def _claim_run_dir(self, run_dir: str | Path) -> None:
@@ -132,7 +132,6 @@ class Trainer:
         self._token_counts = None  # counted at the first save
         check_length(self.val_tokens, seq_len, "val")
         self.tokens_per_step = loop.batch_size * loop.grad_accum * seq_len * dist.world_size
-        self.steps = math.ceil(loop.max_tokens / self.tokens_per_step) if loop.max_tokens else loop.steps
         self.sampler = RandomWindows(self.train_tokens, seq_len, loop.batch_size, job.seed, dist.rank, dist.world_size)
         self.mask_rng = torch.Generator().manual_seed(job.seed * 1000 + dist.rank)  # MLM masking, on the CPU
         self.tokenizer = prepared.tokenizer()
@@ -141,6 +140,7 @@ class Trainer:
     def _build_model(self) -> None:
         self.model = model = Transformer(self.spec).to(self.device)
         self.card = model_card(model, self.seq_len, self.precision)
+        self.steps = self.loop.planned_steps(self.tokens_per_step, self.card["flops_per_token"])
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)
         self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id)
@@ -332,7 +332,8 @@ class Trainer:
         decode = decode_speed(self.model, **DECODE_SETTING) if self.model.objective.causal else None
         summary = {
             "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
-            "tokens": self.tokens_seen, "elapsed_s": round(elapsed, 2), "train_loss": seen["train_loss"],
+            "tokens": self.tokens_seen, "flops": self.tokens_seen * card["flops_per_token"],
+            "max_flops": self.loop.max_flops, "elapsed_s": round(elapsed, 2), "train_loss": seen["train_loss"],
             "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"),
             "val_ppl": last_val.get("val/ppl"), "val_accuracy": last_val.get("val/accuracy"),
             "objective": self.spec.objective.kind,

@@ -4,6 +4,8 @@ import it."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -40,6 +42,7 @@ class LoopConfig:
     resume: str | None = "auto"  # auto: continue from this run dir's latest checkpoint; a checkpoint path; null: fresh
     resume_weights_only: bool = False  # a checkpoint without trainer.pt: continue from its weights, fresh optimizer
     max_tokens: int | None = None  # the run's length in tokens (replaces steps; the schedule spans it)
+    max_flops: Any = None  # the run's length in training FLOPs (6e15 or 1e15*6), by the model card's FLOPs/token; replaces steps
     max_steps: int | None = None  # stop at this step and save a checkpoint; the schedule still spans steps (resume later)
     max_time: float | None = None  # seconds; stop and save a checkpoint once training has run this long
     fsdp: bool = False  # under torchrun: FSDP2 (shard params, grads, optimizer state) instead of DDP
@@ -60,6 +63,45 @@ class LoopConfig:
                 raise ConfigError(f"{prefix}.{key}: must be > 0 or null, got {value}")
         if self.max_time is not None and self.max_time < 0:
             raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
+        if self.max_flops is not None:
+            self.max_flops = parse_flops(self.max_flops, f"{prefix}.max_flops")
+            if self.max_tokens is not None:
+                raise ConfigError(f"{prefix}.max_flops: set either max_flops or max_tokens (both set the run's length), "
+                                  f"not both: max_flops={self.max_flops:.3g}, max_tokens={self.max_tokens}")
+
+    def planned_steps(self, tokens_per_step: int, flops_per_token: int) -> int:
+        """Optimizer steps of the run: enough to cover ``max_tokens`` or ``max_flops`` (the
+        last step may pass it by less than a step), else ``steps``."""
+        if self.max_tokens:
+            return math.ceil(self.max_tokens / tokens_per_step)
+        if self.max_flops is not None:
+            per_step = flops_per_token * tokens_per_step
+            if self.max_flops < per_step:
+                raise ConfigError(f"train.max_flops: {self.max_flops:.3g} is less than one step, which takes "
+                                  f"{per_step:.3g} FLOPs ({flops_per_token:,} FLOPs/token x {tokens_per_step:,} "
+                                  "tokens/step)")
+            return math.ceil(self.max_flops / per_step)
+        return self.steps
+
+
+FLOPS_TEXT = re.compile(r"^\s*[0-9.eE+-]+(\s*\*\s*[0-9.eE+-]+)*\s*$")
+
+
+def parse_flops(value: Any, key: str) -> float:
+    """A FLOP budget from a number or a product such as ``1e15*6``; > 0."""
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str) and FLOPS_TEXT.match(value):
+        try:
+            number = math.prod(float(f) for f in value.split("*"))
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise ConfigError(f"{key}: must be a number of FLOPs such as 6e15 or 1e15*6, got {value!r}")
+    if number <= 0:
+        raise ConfigError(f"{key}: must be > 0, got {number:g}")
+    return number
 
 
 DATA = ("corpus", "teacher")

@@ -1,0 +1,205 @@
+"""Scaling fits: which variant wins at which compute budget.
+
+A sweep over budgets (``train.max_flops``) and sizes (``model.*``) gives each variant final
+losses L at (N, D), N the non-embedding parameters and D the training tokens. Over all of a
+variant's runs, Chinchilla's parametric surface (their third approach)
+
+    L(N, D) = E + A * N^-alpha + B * D^-beta
+
+is fitted by variable projection: for fixed (alpha, beta) the rest is a non-negative linear
+least-squares problem (scipy's NNLS), so (alpha, beta) are searched on a grid and refined by
+Nelder-Mead from the best grid point, which avoids the local minima of a joint fit.
+Uncertainty comes from a bootstrap over seeds (each cell of the design draws its seeds with
+replacement), or over the residuals when every cell has one seed.
+
+The compute-optimal size for a budget C minimises L(N, C / F(N)), where F(N) is the training
+FLOPs per token, a power law k * N^gamma fitted to the runs' model cards (so C is counted in
+the FLOPs that ``train.max_flops`` counts); with F = 6N this is Chinchilla's closed form.
+
+Beside it, Chinchilla's second approach as a cross-check: at each budget a parabola in log N
+through the losses, whose vertex is that budget's optimum. It is biased when the sizes are
+not centred on the optimum or when alpha != beta (Czech et al. 2026, "Problems with
+Chinchilla Approach 2"), so a grid whose optimum lies off its centre is flagged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+EXPONENTS = (0.02, 2.0)  # the search range of alpha and beta
+GRID = 40  # grid points per exponent for a fit
+BOOT_GRID = 12  # a coarser grid for each bootstrap replicate (refined the same way)
+BOOTSTRAPS = 200
+CENTRE = (0.25, 0.75)  # an optimum outside this share of the size grid's log span is off-centre
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Surface:
+    e: float
+    a: float
+    alpha: float
+    b: float
+    beta: float
+    rmse: float
+
+    def loss(self, n, d):
+        return self.e + self.a * np.power(n, -self.alpha) + self.b * np.power(d, -self.beta)
+
+
+def _project(alpha: float, beta: float, ln: np.ndarray, ld: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """The best non-negative (E, A', B') for fixed exponents, on sizes and tokens scaled to 1
+    at their geometric means (``ln``, ``ld``: their logs); and the sum of squared residuals."""
+    from scipy.optimize import nnls
+
+    x = np.column_stack([np.ones_like(y), np.exp(-alpha * ln), np.exp(-beta * ld)])
+    coef, rnorm = nnls(x, y)
+    return coef, float(rnorm) ** 2
+
+
+def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], grid: int = GRID) -> Surface:
+    """Least-squares fit of L = E + A N^-alpha + B D^-beta (E, A, B >= 0) by variable
+    projection. Needs at least two sizes, two token counts and five points."""
+    from scipy.optimize import minimize
+
+    n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
+    if len(y) < 5 or len(np.unique(n)) < 2 or len(np.unique(d)) < 2:
+        raise ValueError("a surface needs at least 5 runs over at least 2 sizes and 2 token counts")
+    n0, d0 = np.exp(np.log(n).mean()), np.exp(np.log(d).mean())
+    ln, ld = np.log(n / n0), np.log(d / d0)
+    exps = np.linspace(*EXPONENTS, grid)
+    sse = np.array([[_project(a, b, ln, ld, y)[1] for b in exps] for a in exps])
+    i, j = np.unravel_index(np.argmin(sse), sse.shape)
+    best, value = np.array([exps[i], exps[j]]), sse[i, j]
+    refined = minimize(lambda p: _project(p[0], p[1], ln, ld, y)[1], best, method="Nelder-Mead",
+                       bounds=[EXPONENTS, EXPONENTS], options={"xatol": 1e-6, "fatol": 1e-16, "maxiter": 2000})
+    if refined.fun < value:
+        best, value = refined.x, refined.fun
+    alpha, beta = (float(v) for v in best)
+    (e, a, b), _ = _project(alpha, beta, ln, ld, y)
+    return Surface(float(e), float(a * n0 ** alpha), alpha, float(b * d0 ** beta), beta, float(np.sqrt(value / len(y))))
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """Training FLOPs per token as a function of non-embedding parameters: k * N^gamma, fitted
+    to the model cards (the LM head, attention and embeddings make it other than 6N)."""
+
+    k: float
+    gamma: float
+
+    @classmethod
+    def fit(cls, n: Sequence[float], fpt: Sequence[float]) -> "FlopsPerToken":
+        ln, lf = np.log(np.asarray(n, float)), np.log(np.asarray(fpt, float))
+        if len(np.unique(ln)) < 2:
+            return cls(float(np.exp(lf.mean() - ln.mean())), 1.0)
+        gamma, logk = np.polyfit(ln, lf, 1)
+        return cls(float(np.exp(logk)), float(gamma))
+
+    def __call__(self, n):
+        return self.k * np.power(n, self.gamma)
+
+
+def optimum(s: Surface, f: FlopsPerToken, budget, bounds: tuple[float, float]) -> dict:
+    """The compute-optimal non-embedding size, tokens and loss at ``budget`` FLOPs (arrays
+    for an array of budgets), from dL/dN = 0 along D = C / F(N):
+    N^(alpha + gamma beta) = alpha A (C/k)^beta / (gamma beta B). Clipped to ``bounds``; ``at_edge``
+    says where the clip decided it (the surface has no optimum inside them)."""
+    c = np.asarray(budget, dtype=float)
+    lo, hi = bounds
+    if s.a <= 0:  # size does not help: the smallest
+        n = np.full_like(c, lo)
+    elif s.b <= 0:  # tokens do not help: the largest
+        n = np.full_like(c, hi)
+    else:
+        power = s.alpha + f.gamma * s.beta
+        n = (s.alpha * s.a * (c / f.k) ** s.beta / (f.gamma * s.beta * s.b)) ** (1.0 / power)
+    clipped = np.clip(n, lo, hi)
+    d = c / f(clipped)
+    return {"n": clipped, "d": d, "loss": s.loss(clipped, d), "at_edge": ~np.isclose(clipped, n, rtol=1e-9)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the design (a size at a budget) with its runs, one loss per seed."""
+
+    n: float
+    d: float
+    c: float
+    fpt: float
+    budget: float
+    losses: tuple[float, ...]
+
+
+def bootstrap(cells: Sequence[Cell], fit: Surface, reps: int = BOOTSTRAPS, seed: int = 0) -> tuple[list[Surface], str]:
+    """Surfaces refitted to resampled data: each cell's seeds drawn with replacement; where
+    every cell has one seed, the fit's residuals drawn with replacement instead."""
+    rng = np.random.default_rng(seed)
+    n = np.array([c.n for c in cells for _ in c.losses])
+    d = np.array([c.d for c in cells for _ in c.losses])
+    y = np.array([v for c in cells for v in c.losses])
+    one_seed = all(len(c.losses) == 1 for c in cells)
+    residuals = y - fit.loss(n, d)
+    out = []
+    for _ in range(reps):
+        if one_seed:
+            sample = fit.loss(n, d) + rng.choice(residuals, len(y))
+        else:
+            sample = np.array([v for c in cells for v in rng.choice(c.losses, len(c.losses))])
+        try:
+            out.append(fit_surface(n, d, sample, grid=BOOT_GRID))
+        except ValueError:
+            continue
+    return out, ("residuals (one seed per cell)" if one_seed else "seeds within each cell")
+
+
+def interval(values, level: float = LEVEL) -> tuple[float, float] | None:
+    values = np.asarray([v for v in np.ravel(values) if np.isfinite(v)])
+    if len(values) < 2:
+        return None
+    q = (1 - level) / 2
+    return float(np.quantile(values, q)), float(np.quantile(values, 1 - q))
+
+
+def isoflop(sizes: Sequence[float], losses: Sequence[float]) -> dict | None:
+    """Chinchilla's second approach at one budget: a parabola in log N through the (mean)
+    losses of at least three sizes. Its vertex, and where it lies in the grid's log span (0 at
+    the smallest size, 1 at the largest)."""
+    x, y = np.log(np.asarray(sizes, float)), np.asarray(losses, float)
+    if len(np.unique(x)) < 3:
+        return None
+    curve, slope, _ = np.polyfit(x, y, 2)
+    if curve <= 0:
+        return {"n": None, "loss": None, "position": None, "why": "the losses are not convex in log N: no vertex"}
+    u = -slope / (2 * curve)
+    return {"n": float(np.exp(u)), "loss": float(np.polyval(np.polyfit(x, y, 2), u)),
+            "position": float((u - x.min()) / (x.max() - x.min())), "why": None}
+
+
+def grid_position(n_opt: float, sizes: Sequence[float]) -> float:
+    x = np.log(np.asarray(sizes, float))
+    return float((np.log(n_opt) - x.min()) / (x.max() - x.min()))
+
+
+def off_centre(position: float | None) -> bool:
+    return position is not None and not CENTRE[0] <= position <= CENTRE[1]
+
+
+def crossing(first: Callable, second: Callable, lo: float, hi: float, points: int = 200) -> float | None:
+    """The lowest budget in [lo, hi] where two loss-vs-compute curves cross, or None."""
+    from scipy.optimize import brentq
+
+    u = np.linspace(np.log(lo), np.log(hi), points)
+    diff = first(np.exp(u)) - second(np.exp(u))
+    change = np.nonzero(np.sign(diff[:-1]) * np.sign(diff[1:]) < 0)[0]
+    if len(change) == 0:
+        return None
+    k = change[0]
+    return float(np.exp(brentq(lambda v: float(first(np.exp(v)) - second(np.exp(v))), u[k], u[k + 1])))
+
+
+def surface_dict(s: Surface) -> dict:
+    return asdict(s)

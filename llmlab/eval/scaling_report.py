@@ -1,0 +1,268 @@
+"""The scaling section of `llmlab report`: a sweep with a budget axis (``train.max_flops``) and
+a size axis (``model.*`` settings) gets, per variant (the other overrides), the fitted loss
+surface, the compute-optimal size, tokens and loss at each budget, the IsoFLOP cross-check,
+the budgets where two variants' optimal-loss curves cross, and ``scaling.png``. The fits are
+in `llmlab.eval.scaling`; ``select=best_lr`` (each cell's best ``optim.lr``) is here too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from llmlab.errors import UserError
+from llmlab.eval import scaling as sc
+from llmlab.eval.runs import Run
+
+BUDGET_KEY = "train.max_flops"
+LR_KEY = "optim.lr"
+BELOW, ABOVE = 10.0, 100.0  # crossings are looked for from budget_min / BELOW to budget_max * ABOVE
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _value(run: Run, key: str) -> str | None:
+    return next((o.split("=", 1)[1] for o in reversed(run.label_overrides) if _key(o) == key), None)
+
+
+def is_size_key(key: str) -> bool:
+    return key.startswith("model.")
+
+
+# -- select=best_lr -------------------------------------------------------------------------
+
+def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
+    """Keep, in each cell (the overrides minus ``seed`` and ``optim.lr``), the runs of the
+    learning rate with the lowest mean final validation loss over its seeds."""
+    if not any(_value(r, LR_KEY) is not None for r in runs):
+        raise UserError(f"select: best_lr needs runs with an {LR_KEY} axis (llmlab train -m {LR_KEY}=1e-3,3e-3 ...); "
+                        "these runs have none; allowed: all, best_lr")
+    cells: dict[tuple, dict[str, list[Run]]] = {}
+    for r in runs:
+        cell = tuple(sorted(o for o in r.label_overrides if _key(o) != LR_KEY))
+        cells.setdefault(cell, {}).setdefault(_value(r, LR_KEY) or "default", []).append(r)
+    kept, choices = [], []
+    for cell, by_lr in cells.items():
+        means = {lr: float(np.mean(losses)) for lr, rs in by_lr.items()
+                 if (losses := [r.summary["val_loss"] for r in rs if r.summary.get("val_loss") is not None])}
+        if not means:
+            continue
+        best = min(means, key=means.get)
+        kept += by_lr[best]
+        choices.append({"cell": " ".join(cell) or "all runs", "lr": best, "val_loss": means[best],
+                        "tried": {lr: round(v, 4) for lr, v in sorted(means.items(), key=lambda kv: float_or(kv[0]))}})
+    return kept, choices
+
+
+def float_or(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.inf
+
+
+# -- the analysis ----------------------------------------------------------------------------
+
+def axes(runs: list[Run]) -> tuple[list[str], bool]:
+    """The size keys that vary over the runs, and whether the budget does."""
+    values: dict[str, set] = {}
+    for r in runs:
+        for o in r.label_overrides:
+            values.setdefault(_key(o), set()).add(o.split("=", 1)[-1])
+    sizes = [k for k, v in values.items() if is_size_key(k) and len(v) > 1]
+    return sizes, len(values.get(BUDGET_KEY, ())) > 1
+
+
+def variants(runs: list[Run], drop: set[str]) -> dict[str, list[Run]]:
+    """Runs by variant: their overrides minus the size and budget axes (and ``drop``), labelled
+    by the overrides that differ between variants."""
+    def rest(r: Run) -> tuple:
+        return tuple(sorted(o for o in r.label_overrides
+                            if not (is_size_key(_key(o)) or _key(o) == BUDGET_KEY or _key(o) in drop)))
+    keys = [rest(r) for r in runs]
+    shared = set.intersection(*(set(k) for k in keys)) if keys else set()
+    out: dict[str, list[Run]] = {}
+    for r, k in zip(runs, keys):
+        out.setdefault(" ".join(o for o in k if o not in shared) or "all runs", []).append(r)
+    return out
+
+
+def cells_of(runs: list[Run]) -> list[sc.Cell]:
+    by: dict[tuple, list[Run]] = {}
+    for r in runs:
+        s = r.summary
+        if s.get("val_loss") is None or not s.get("params_non_embedding") or not s.get("tokens"):
+            continue
+        key = (s["params_non_embedding"], _value(r, BUDGET_KEY), s["tokens"])
+        by.setdefault(key, []).append(r)
+    out = []
+    for (n, budget, d), rs in by.items():
+        fpt = rs[0].summary["flops_per_token"]
+        out.append(sc.Cell(float(n), float(d), float(fpt) * float(d), float(fpt), float(budget or fpt * d),
+                           tuple(float(r.summary["val_loss"]) for r in rs)))
+    return out
+
+
+def analyse(cells: list[sc.Cell], budgets: list[float], reps: int) -> dict:
+    """One variant: surface, bootstrap, optimum per budget, IsoFLOP per budget."""
+    sizes = sorted({c.n for c in cells})
+    if len(sizes) < 2 or len({c.budget for c in cells}) < 2 or sum(len(c.losses) for c in cells) < 5:
+        return {"why": "a fit needs at least 2 sizes, 2 budgets and 5 finished runs"}
+    n = [c.n for c in cells for _ in c.losses]
+    d = [c.d for c in cells for _ in c.losses]
+    y = [v for c in cells for v in c.losses]
+    fit = sc.fit_surface(n, d, y)
+    boots, kind = sc.bootstrap(cells, fit, reps)
+    flops = sc.FlopsPerToken.fit([c.n for c in cells], [c.fpt for c in cells])
+    bounds = (sizes[0] / 100, sizes[-1] * 100)
+    per_budget = []
+    for budget in budgets:
+        opt = sc.optimum(fit, flops, budget, bounds)
+        reps_opt = [sc.optimum(b, flops, budget, bounds) for b in boots]
+        here = [c for c in cells if np.isclose(c.budget, budget)]
+        iso = sc.isoflop([c.n for c in here], [float(np.mean(c.losses)) for c in here]) if here else None
+        grid = sorted({c.n for c in here})
+        position = sc.grid_position(float(opt["n"]), grid) if len(grid) > 1 else None
+        per_budget.append({
+            "budget": budget, "n_opt": float(opt["n"]), "d_opt": float(opt["d"]), "loss_opt": float(opt["loss"]),
+            "at_edge": bool(opt["at_edge"]),
+            "n_opt_ci": sc.interval([float(o["n"]) for o in reps_opt]),
+            "d_opt_ci": sc.interval([float(o["d"]) for o in reps_opt]),
+            "loss_opt_ci": sc.interval([float(o["loss"]) for o in reps_opt]),
+            "sizes": grid, "optimum_position": position, "off_centre": sc.off_centre(position),
+            "isoflop": iso, "isoflop_off_centre": iso is not None and (sc.off_centre(iso["position"]) or
+                                                                       sc.off_centre(position)),
+        })
+    return {"surface": sc.surface_dict(fit), "flops_per_token": {"k": flops.k, "gamma": flops.gamma},
+            "ci": {k: sc.interval([getattr(b, k) for b in boots]) for k in ("e", "a", "alpha", "b", "beta")},
+            "bootstrap": {"replicates": len(boots), "over": kind}, "points": len(y), "cells": len(cells),
+            "per_budget": per_budget, "bounds": bounds, "_fit": fit, "_boots": boots, "_flops": flops,
+            "_cells": cells}
+
+
+def curve(v: dict, boot: sc.Surface | None = None):
+    fit = boot or v["_fit"]
+    return lambda c: sc.optimum(fit, v["_flops"], c, v["bounds"])["loss"]
+
+
+def crossings(found: dict[str, dict], measured: tuple[float, float]) -> list[dict]:
+    lo, hi = measured[0] / BELOW, measured[1] * ABOVE
+    out = []
+    for (na, a), (nb, b) in itertools.combinations([(k, v) for k, v in found.items() if "surface" in v], 2):
+        at = sc.crossing(curve(a), curve(b), lo, hi)
+        reps = [sc.crossing(curve(a, x), curve(b, y), lo, hi) for x, y in zip(a["_boots"], b["_boots"])]
+        hits = [r for r in reps if r is not None]
+        ahead = "first" if curve(a)(np.array([measured[1]]))[0] < curve(b)(np.array([measured[1]]))[0] else "second"
+        out.append({"first": na, "second": nb, "budget": at, "ci": sc.interval(hits) if hits else None,
+                    "share_of_replicates": len(hits) / len(reps) if reps else None,
+                    "extrapolated": at is not None and not measured[0] <= at <= measured[1],
+                    "lower_at_largest_budget": na if ahead == "first" else nb})
+    return out
+
+
+def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int = sc.BOOTSTRAPS) -> dict | None:
+    """The section's data, or None when the runs have no budget axis and size axis."""
+    sizes, has_budget = axes(runs)
+    if not sizes or not has_budget:
+        return None
+    all_cells = {label: cells_of(rs) for label, rs in variants(runs, drop).items()}
+    budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
+    found = {label: analyse(cells, budgets, reps) for label, cells in all_cells.items()}
+    measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
+    return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured,
+            "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
+            "crossings": crossings(found, measured) if budgets else []}
+
+
+def public(section: dict) -> dict:
+    """The section without the objects the figure and the crossings used (for report.json)."""
+    return {**section, "variants": {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")}
+                                     for k, v in section["variants"].items()}}
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+def _g(v, digits=3) -> str:
+    return "n/a" if v is None else f"{v:.{digits}g}"
+
+
+def _ci(ci, digits=3) -> str:
+    return "" if ci is None else f" [{_g(ci[0], digits)}, {_g(ci[1], digits)}]"
+
+
+def markdown(section: dict, figure: str | None) -> list[str]:
+    out = ["", "## Scaling: which variant wins at which budget", "",
+           f"Budget axis `{section['budget_key']}`, size axis {', '.join(f'`{k}`' for k in section['size_keys'])}. "
+           "Surface L(N, D) = E + A·N^-α + B·D^-β fitted per variant by variable projection, with **N the "
+           "non-embedding parameters and D the training tokens**; C is training FLOPs by the model card "
+           "(FLOPs/token × tokens, the count `train.max_flops` uses). Brackets: 95% bootstrap intervals.", "",
+           "| variant | runs | E | A | α | B | β | rmse | bootstrap |", "|" + " --- |" * 9]
+    for label, v in section["variants"].items():
+        if "surface" not in v:
+            out.append(f"| {label} | | {v['why']} | | | | | | |")
+            continue
+        s, ci = v["surface"], v["ci"]
+        out.append(f"| {label} | {v['points']} | " + " | ".join(
+            f"{_g(s[k])}{_ci(ci[k])}" for k in ("e", "a", "alpha", "b", "beta"))
+            + f" | {s['rmse']:.4f} | {v['bootstrap']['replicates']} over {v['bootstrap']['over']} |")
+    out += ["", "Compute-optimal size, tokens and loss at each measured budget (from the surface), and the IsoFLOP "
+            "parabola's vertex at that budget as a cross-check:", "",
+            "| variant | budget (FLOPs) | N* | D* | L* | IsoFLOP N* | grid |", "|" + " --- |" * 7]
+    flagged = False
+    for label, v in section["variants"].items():
+        for b in v.get("per_budget", []):
+            iso = b["isoflop"]
+            iso_text = "n/a (< 3 sizes)" if iso is None else (iso["why"] or _g(iso["n"]))
+            grid = "off-centre ⚠" if b["isoflop_off_centre"] else "centred"
+            flagged |= b["isoflop_off_centre"]
+            out.append(f"| {label} | {b['budget']:.3g} | {_g(b['n_opt'])}{_ci(b['n_opt_ci'])}"
+                       f"{' (at the search edge)' if b['at_edge'] else ''} | {_g(b['d_opt'])}{_ci(b['d_opt_ci'])} | "
+                       f"{b['loss_opt']:.4f}{_ci(b['loss_opt_ci'], 4)} | {iso_text} | {grid} |")
+    if flagged:
+        out += ["", f"**⚠ off-centre: the optimum lies outside the middle half of the sizes' log span at that budget. "
+                "There the IsoFLOP parabola's vertex is biased (Czech et al. 2026); widen the sizes toward N* "
+                "and trust the surface's N* over the parabola's.**"]
+    out += ["", f"Crossings of the optimal-loss curves L*(C), searched from {section['search'][0]:.3g} to "
+            f"{section['search'][1]:.3g} FLOPs; the measured budgets span {section['measured'][0]:.3g} to "
+            f"{section['measured'][1]:.3g}, and a crossing beyond them is an extrapolation of the fits.", ""]
+    for c in section["crossings"]:
+        if c["budget"] is None:
+            out.append(f"- {c['first']} vs {c['second']}: no crossing in the searched range; lower at the largest "
+                       f"budget: {c['lower_at_largest_budget']}"
+                       + (f" ({c['share_of_replicates']:.0%} of bootstrap replicates do cross)"
+                          if c["share_of_replicates"] else ""))
+        else:
+            out.append(f"- {c['first']} vs {c['second']}: cross at {c['budget']:.3g} FLOPs{_ci(c['ci'])} "
+                       f"({c['share_of_replicates']:.0%} of bootstrap replicates cross)"
+                       + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
+    if not section["crossings"]:
+        out.append("- (one variant only)")
+    if figure:
+        out += ["", f"![loss vs compute]({figure})"]
+    return out
+
+
+def figure(section: dict, path: Path) -> Path | None:
+    from llmlab.eval.plots import scaling_plot
+
+    lo, hi = section["measured"][0] / 3, section["measured"][1] * 3
+    budgets = np.logspace(np.log10(lo), np.log10(hi), 80)
+    series = {}
+    for label, v in section["variants"].items():
+        cells = v.get("_cells") or []
+        entry = {"points": ([c.c for c in cells for _ in c.losses], [x for c in cells for x in c.losses])}
+        if "_fit" in v:
+            entry["x"] = budgets
+            entry["fit"] = curve(v)(budgets)
+            if v["_boots"]:
+                band = np.array([curve(v, b)(budgets) for b in v["_boots"]])
+                entry["lo"], entry["hi"] = np.quantile(band, 0.025, axis=0), np.quantile(band, 0.975, axis=0)
+        series[label] = entry
+    if not any(e["points"][0] for e in series.values()):
+        return None
+    return scaling_plot(series, path)
