@@ -1,0 +1,68 @@
+"""The search behind the default recipe: a small sweep at one compute budget, run through
+llmlab's own sweep and report (``select=best_lr``), beside ``xz -9`` on the validation split.
+
+    python -m bench.default_search                               # the recorded search
+    python -m bench.default_search --budget 2e13 --axes model.d_model=192,256 optim.lr=3e-3,6e-3
+
+Every job trains for the same FLOPs (``train.max_flops``), so the ranking does not depend on
+how busy the machine was; the wall times it records do, and carry the machine's other load.
+Results: bench/results/default_search.json; the sweep's report.md is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import write_result
+from bench.train_default import xz_bits_per_byte
+
+AXES = ["model.d_model=192,256", "optim.lr=3e-3,6e-3"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", default="2e13", help="training FLOPs per job (train.max_flops)")
+    ap.add_argument("--axes", nargs="*", default=AXES, help="sweep axes, Hydra syntax")
+    ap.add_argument("--overrides", nargs="*", default=[], help="fixed settings for every job")
+    args = ap.parse_args()
+    repo = Path(__file__).resolve().parent.parent
+    fixed = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", f"train.max_flops={args.budget}",
+             *args.overrides]
+    with tempfile.TemporaryDirectory(prefix="llmlab-bench-search-") as tmp:
+        env = {**os.environ, "LLMLAB_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(repo), "TERM": "dumb"}
+        t = time.perf_counter()
+        sweep = subprocess.run([sys.executable, "-m", "llmlab", "train", "-m", *args.axes, *fixed,
+                                "hydra.sweep.dir=sweep"], cwd=tmp, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        if sweep.returncode:
+            raise SystemExit(f"the sweep failed:\n{sweep.stderr[-3000:]}")
+        subprocess.run([sys.executable, "-m", "llmlab", "report", "sweep", "select=best_lr", "out=report",
+                        "hydra.run.dir=report"], cwd=tmp, env=env, check=True, capture_output=True)
+        report = json.loads((Path(tmp) / "report" / "report.json").read_text())
+        print((Path(tmp) / "report" / "report.md").read_text())
+        jobs = []
+        for summary in sorted((Path(tmp) / "sweep").glob("*/summary.json")):
+            s = json.loads(summary.read_text())
+            jobs.append({"job": summary.parent.name, "val_loss": s["val_loss"], "val_bpb": s["val_bpb"],
+                         "steps": s["steps"], "tokens": s["tokens"], "params": s["params"],
+                         "flops_per_token": s["flops_per_token"], "wall_s": s["wall_s"],
+                         "tokens_per_s": s["tokens_per_s"], "tokens_per_s_other_load": s.get("tokens_per_s_other_load")})
+    xz = xz_bits_per_byte({"kind": "pysource"})
+    best = min(jobs, key=lambda j: j["val_loss"])
+    result = {"command": "llmlab train -m " + " ".join([*args.axes, *fixed]), "report": "llmlab report sweep select=best_lr",
+              "budget_flops": float(args.budget), "sweep_wall_s": round(wall, 1), "jobs": jobs,
+              "lr_choices": report.get("lr_choices"), "best": best, **xz,
+              "note": "val_bpb: the periodic evaluation's windows (train.eval_windows), not the whole split"}
+    print(f"best: {best['job']}: val bpb {best['val_bpb']:.3f} (xz -9: {xz['xz9_bpb']:.3f})")
+    write_result("default_search", result)
+
+
+if __name__ == "__main__":
+    main()
