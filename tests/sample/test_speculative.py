@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from llmlab.eval.stats import gammaincc
 from llmlab.model.attention import ATTENTION
 from llmlab.sample.generate import SamplingConfig, generate, seen_tokens, token_probs
 from llmlab.sample.speculative import (ShortlistHead, frequent_tokens, shortlisted, speculative_generate, verify,
@@ -18,7 +17,9 @@ SWA, MLA = test_config(ATTENTION, "swa"), test_config(ATTENTION, "mla")
 
 def chi2_sf(x: float, df: int) -> float:
     """P(X > x) for a chi-square variable with ``df`` degrees of freedom."""
-    return gammaincc(df / 2, x / 2)
+    from scipy.stats import chi2
+
+    return float(chi2.sf(x, df))
 
 
 def chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
