@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llmlab.errors import UserError
+from llmlab.errors import ConfigError, UserError
 from llmlab.eval import scaling as sc
 from llmlab.eval.runs import Run
+from llmlab.train.settings import parse_flops
 
 BUDGET_KEY = "train.max_flops"
 LR_KEY = "optim.lr"
@@ -93,18 +94,22 @@ def variants(runs: list[Run], drop: set[str]) -> dict[str, list[Run]]:
 
 
 def cells_of(runs: list[Run]) -> list[sc.Cell]:
+    """The runs as design cells: one per (size, budget, tokens), holding each seed's loss."""
     by: dict[tuple, list[Run]] = {}
     for r in runs:
         s = r.summary
         if s.get("val_loss") is None or not s.get("params_non_embedding") or not s.get("tokens"):
             continue
-        key = (s["params_non_embedding"], _value(r, BUDGET_KEY), s["tokens"])
-        by.setdefault(key, []).append(r)
+        text = _value(r, BUDGET_KEY)
+        try:  # read as train reads it (1e15*6 too)
+            budget = parse_flops(text, BUDGET_KEY) if text is not None else float(s["flops_per_token"]) * s["tokens"]
+        except ConfigError as e:
+            raise UserError(f"runs: {r.path}: {e}") from None
+        by.setdefault((s["params_non_embedding"], budget, s["tokens"]), []).append(r)
     out = []
     for (n, budget, d), rs in by.items():
-        fpt = rs[0].summary["flops_per_token"]
-        out.append(sc.Cell(float(n), float(d), float(fpt) * float(d), float(fpt), float(budget or fpt * d),
-                           tuple(float(r.summary["val_loss"]) for r in rs)))
+        fpt = float(rs[0].summary["flops_per_token"])
+        out.append(sc.Cell(float(n), float(d), fpt * float(d), fpt, budget, tuple(float(r.summary["val_loss"]) for r in rs)))
     return out
 
 

@@ -200,3 +200,18 @@ def test_select_best_lr_without_an_lr_axis_names_the_setting(tmp_path):
     fake_sweep(tmp_path / "sweep")
     with pytest.raises(UserError, match=r"^select: best_lr needs runs with an optim.lr axis.*allowed: all, best_lr"):
         write_report([tmp_path / "sweep"], None, tmp_path / "out", select="best_lr")
+
+
+def test_budgets_are_read_as_train_reads_them(tmp_path):
+    from llmlab.eval.runs import Run
+    from llmlab.eval.scaling_report import cells_of
+
+    summary = {"val_loss": 4.0, "params_non_embedding": 1000, "tokens": 5000, "flops_per_token": 6000}
+    runs = [Run(tmp_path / str(i), summary, [f"train.max_flops={b}", f"seed={i}"], i, [])
+            for i, b in enumerate(("1e10*3", "3e10"))]
+    cells = cells_of(runs)
+    (cell,) = cells  # one cell, two seeds: the budget written two ways is one budget
+    assert cell.budget == 3e10 and cell.losses == (4.0, 4.0) and cell.c == 6000 * 5000
+    bad = Run(tmp_path / "bad", summary, ["train.max_flops=lots"], 0, [])
+    with pytest.raises(UserError, match=r"^runs: .*bad: train.max_flops: must be a number of FLOPs"):
+        cells_of([bad])
