@@ -190,9 +190,16 @@ def main() -> None:
     ap.add_argument("--default-ref", type=Path, help="another checkout: time its default tokenize too")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tmp", default=None, help="where the corpus goes (default: the system temp dir)")
+    ap.add_argument("--keep", type=Path, help="a previous result file: its sizes (and training speed) not measured "
+                                               "again here are kept, and its commands listed")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "TERM": "dumb"}
-    result: dict = {"sizes": {}}
+    command = "python -m bench.tokenize_scale " + " ".join(sys.argv[1:])
+    result: dict = {"sizes": {}, "commands": [command]}
+    if args.keep:
+        old = json.loads(args.keep.read_text())
+        result = {"sizes": old.get("sizes", {}), "commands": [*old.get("commands", []), command],
+                  **({"train_speed": old["train_speed"]} if "train_speed" in old else {})}
     both = {int(s) for s in args.both_workers.split(",") if s}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-scale-", dir=args.tmp) as tmp:
         tmp = Path(tmp)
@@ -210,6 +217,7 @@ def main() -> None:
             if "workers_1" in entry:
                 entry["encode_speedup_1_to_2"] = round(entry["workers_1"]["encode_s"] / entry["workers_2"]["encode_s"], 2)
             result["sizes"][str(mb)] = entry
+            write_result("tokenize_scale", {**result, "partial": True})  # a killed run keeps what it measured
             if args.train_speed and mb == min(int(s) for s in args.sizes.split(",")):
                 result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
                 print(f"training tokens/s: {result['train_speed']}", flush=True)
