@@ -15,11 +15,11 @@ LLMLAB := $(PYTHON) -m llmlab
 PROMPT ?= def fib(
 SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
 
-.PHONY: install run test test-all bench bench-gpu clean distclean
+.PHONY: install run test test-all bench bench-long bench-gpu clean distclean
 
 install:  ## editable install with the test extra; does nothing when already installed
 	@if [ ! -x "$(PYTHON)" ]; then echo "creating .venv"; python3 -m venv .venv; fi
-	@if $(PYTHON) -c "import llmlab, pytest, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') else 1)" 2>/dev/null; then \
+	@if $(PYTHON) -c "import llmlab, pytest, scipy, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') else 1)" 2>/dev/null; then \
 		echo "llmlab is installed in $(BIN)"; \
 	else \
 		$(PYTHON) -m pip install -e ".[test]"; \
@@ -44,6 +44,11 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.speculative
 	$(PYTHON) -m bench.head_loss
 	$(PYTHON) -m bench.cli
+
+bench-long: install  ## the hour-long studies: tokenize at 200 MB / 1 GB / 2 GB, the default recipe's search, an IsoFLOP sweep
+	$(PYTHON) -m bench.tokenize_scale --train-speed
+	$(PYTHON) -m bench.default_search
+	$(PYTHON) -m bench.isoflop
 
 bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, and its kernel-time split; results go to bench/results/
 	$(PYTHON) -m bench.gpu --batch-size 32
