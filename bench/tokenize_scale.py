@@ -156,6 +156,7 @@ def tokenize(corpus_dir: Path, cache: Path, workers: int, env: dict) -> dict:
 def train_speed(corpus_dir: Path, tmp: Path, env: dict, repeats: int) -> dict:
     """tokens/s of a short tiny-model run on many shards against one shard (same tokens)."""
     runs: dict[str, list[float]] = {"many_shards": [], "one_shard": []}
+    loads: dict[str, list[float | None]] = {"many_shards": [], "one_shard": []}
     for r in range(repeats):
         for name, shard_tokens in (("many_shards", 2_000_000), ("one_shard", 10**12)):
             run = tmp / f"train-{name}-{r}"
@@ -164,9 +165,11 @@ def train_speed(corpus_dir: Path, tmp: Path, env: dict, repeats: int) -> dict:
                    "train.steps=60", "train.eval_every=0", "train.ckpt_every=0", "train.sample_tokens=0",
                    "model.d_model=64", "model.n_layers=2", f"hydra.run.dir={run}"]
             run_watched(cmd, tmp, env)
-            runs[name].append(json.loads((run / "summary.json").read_text())["tokens_per_s"])
+            summary = json.loads((run / "summary.json").read_text())
+            runs[name].append(summary["tokens_per_s"])
+            loads[name].append(summary.get("tokens_per_s_other_load"))  # the machine's other load while timed
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {"tokens_per_s": med, "runs": runs, "ratio": round(med["many_shards"] / med["one_shard"], 3)}
+    return {"tokens_per_s": med, "runs": runs, "other_load": loads, "ratio": round(med["many_shards"] / med["one_shard"], 3)}
 
 
 def default_tokenize(trees: dict[str, Path], env: dict, repeats: int) -> dict:
@@ -190,6 +193,8 @@ def main() -> None:
     ap.add_argument("--default-ref", type=Path, help="another checkout: time its default tokenize too")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tmp", default=None, help="where the corpus goes (default: the system temp dir)")
+    ap.add_argument("--train-speed-only", action="store_true",
+                    help="only the training speed, on a corpus of the smallest size (use with --keep)")
     ap.add_argument("--keep", type=Path, help="a previous result file: its sizes (and training speed) not measured "
                                                "again here are kept, and its commands listed")
     args = ap.parse_args()
@@ -199,7 +204,7 @@ def main() -> None:
     if args.keep:
         old = json.loads(args.keep.read_text())
         result = {"sizes": old.get("sizes", {}), "commands": [*old.get("commands", []), command],
-                  **({"train_speed": old["train_speed"]} if "train_speed" in old else {})}
+                  **{k: old[k] for k in ("train_speed", "default_tokenize") if k in old}}
     both = {int(s) for s in args.both_workers.split(",") if s}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-scale-", dir=args.tmp) as tmp:
         tmp = Path(tmp)
@@ -209,6 +214,11 @@ def main() -> None:
             nbytes = make_corpus(corpus, mb)
             entry = {"corpus_mb": round(nbytes / 1e6, 1), "files": len(list(corpus.iterdir())),
                      "made_in_s": round(time.perf_counter() - t, 1), "read_mb_s": round(read_speed(corpus), 1)}
+            if args.train_speed_only:
+                result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
+                print(f"training tokens/s: {result['train_speed']}", flush=True)
+                shutil.rmtree(corpus, ignore_errors=True)
+                break
             for workers in ([1, 2] if mb in both else [2]):
                 cache = tmp / f"cache-{mb}-{workers}"
                 entry[f"workers_{workers}"] = tokenize(corpus, cache, workers, env)
@@ -222,9 +232,10 @@ def main() -> None:
                 result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
                 print(f"training tokens/s: {result['train_speed']}", flush=True)
             shutil.rmtree(corpus, ignore_errors=True)
-    trees = {"this": REPO, **({"ref": args.default_ref.resolve()} if args.default_ref else {})}
-    result["default_tokenize"] = default_tokenize(trees, env, args.repeats)
-    print(f"default tokenize: {result['default_tokenize']}")
+    if not args.train_speed_only:
+        trees = {"this": REPO, **({"ref": args.default_ref.resolve()} if args.default_ref else {})}
+        result["default_tokenize"] = default_tokenize(trees, env, args.repeats)
+        print(f"default tokenize: {result['default_tokenize']}")
     write_result("tokenize_scale", result)
 
 
