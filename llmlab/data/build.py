@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from llmlab import console
-from llmlab.data.corpus import SPLITS, Corpus, Document, hash_fraction
+from llmlab.data.corpus import SPLITS, Corpus, Document, hash_fraction, pieces
 from llmlab.data.encode import encode_batches
 from llmlab.data.shards import SplitWriter, token_dtype
 from llmlab.data.tokenizer import EOS, TextTokenizer
@@ -48,8 +48,6 @@ def batches(items: Iterator[Document], separator: str | None, position: int = 0,
             batch_chars: int | None = None, open_text: bool = False) -> Iterator[Batch]:
     """Encoding batches of ``items``: each document's text in pieces, the separator after the
     end of each document and at each literal separator inside one (see `segments`)."""
-    from llmlab.data.prepare import pieces
-
     batch_chars = batch_chars or BATCH_CHARS
     batch = Batch(position=position)
     for doc in items:
@@ -95,8 +93,6 @@ def sample_for_tokenizer(corpus: Corpus, budget: int | None) -> tuple[Iterator[l
     fixed sample of it: each document (or part of one) is taken when a hash of its name falls
     below budget / size, until the budget is spent. Literal separators never reach training.
     ``used`` fills in as the texts are read."""
-    from llmlab.data.prepare import pieces
-
     size = corpus.size("train")
     share = 1.0 if budget is None or not size else min(1.0, budget / size)
     used = {"bytes": 0, "of": size or 0, "read": 0}

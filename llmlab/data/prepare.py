@@ -23,7 +23,7 @@ import numpy as np
 from rich.table import Table
 
 from llmlab import console
-from llmlab.data.corpus import CORPUS, SAFE_CUT
+from llmlab.data.corpus import CORPUS
 from llmlab.data.shards import TokenStore, read_shard
 from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
 from llmlab.errors import UserError
@@ -33,26 +33,11 @@ FORMAT_VERSION = 3  # 2: BPE pieces capped at MAX_PIECE_CHARS; 3: literal separa
 DEFAULT_CACHE = ".cache/llmlab"
 PARTIAL = ".partial-"  # prefix of an entry being built
 
-# Pieces of a document, cut at `SAFE_CUT`s, encode to exactly the ids of the whole; they keep
-# the encoder's threads busy and the progress bar moving.
-PIECE_CHARS = 8192
 COUNT_LIMIT = 1 << 27  # tokens of a split that `Prepared.token_counts` reads at most
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
     return Path(os.path.expanduser(cache_dir or os.environ.get("LLMLAB_CACHE") or DEFAULT_CACHE))
-
-
-def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
-    out, start = [], 0
-    while len(text) - start > size:
-        m = SAFE_CUT.search(text, start + size)
-        if not m:
-            break
-        out.append(text[start:m.end()])
-        start = m.end()
-    out.append(text[start:])
-    return out
 
 
 @dataclass

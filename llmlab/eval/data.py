@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from llmlab.data.corpus import read_file
-from llmlab.data.prepare import Prepared, cache_root, pieces, prepare
+from llmlab.data.corpus import pieces
+from llmlab.data.prepare import Prepared, cache_root, prepare
 from llmlab.errors import UserError
 
 

@@ -229,7 +229,7 @@ def markdown(section: dict, figure: str | None) -> list[str]:
                        f"{' (at the search edge)' if b['at_edge'] else ''} | {_g(b['d_opt'])}{_ci(b['d_opt_ci'])} | "
                        f"{b['loss_opt']:.4f}{_ci(b['loss_opt_ci'], 4)} | {iso_text} | {grid} |")
     if flagged:
-        out += ["", f"**⚠ off-centre: the optimum lies outside the middle half of the sizes' log span at that budget. "
+        out += ["", "**⚠ off-centre: the optimum lies outside the middle half of the sizes' log span at that budget. "
                 "There the IsoFLOP parabola's vertex is biased (Czech et al. 2026); widen the sizes toward N* "
                 "and trust the surface's N* over the parabola's.**"]
     out += ["", f"Crossings of the optimal-loss curves L*(C), searched from {section['search'][0]:.3g} to "
