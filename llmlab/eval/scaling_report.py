@@ -47,6 +47,7 @@ def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
     for r in runs:
         cell = tuple(sorted(o for o in r.label_overrides if _key(o) != LR_KEY))
         cells.setdefault(cell, {}).setdefault(_value(r, LR_KEY) or "default", []).append(r)
+    shared = set.intersection(*(set(c) for c in cells)) if cells else set()
     kept, choices = [], []
     for cell, by_lr in cells.items():
         means = {lr: float(np.mean(losses)) for lr, rs in by_lr.items()
@@ -55,7 +56,7 @@ def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
             continue
         best = min(means, key=means.get)
         kept += by_lr[best]
-        choices.append({"cell": " ".join(cell) or "all runs", "lr": best, "val_loss": means[best],
+        choices.append({"cell": " ".join(o for o in cell if o not in shared) or "all runs", "lr": best, "val_loss": means[best],
                         "tried": {lr: round(v, 4) for lr, v in sorted(means.items(), key=lambda kv: float_or(kv[0]))}})
     return kept, choices
 

@@ -190,7 +190,8 @@ def test_select_best_lr_keeps_each_cells_best_learning_rate(tmp_path):
     result = write_report([tmp_path / "sweep"], None, tmp_path / "out", select="best_lr")
     choices = result["lr_choices"]
     assert len(choices) == 2 * 3 * 3 and {c["lr"] for c in choices} == {"0.003"}
-    assert all(len(c["tried"]) == 3 for c in choices)
+    assert all(len(c["tried"]) == 3 and "optim.lr" not in c["cell"] for c in choices)
+    assert choices[0]["cell"] == "model.d_model=64 model/attention=mha train.max_flops=1e+14"
     assert sum(g["seeds"] for g in result["groups"]) == 2 * 3 * 3 * 2  # only the chosen runs remain
     assert "scaling" in result and set(result["scaling"]["variants"]) == {"model/attention=mha", "model/attention=mla"}
     assert "`select=best_lr`" in (tmp_path / "out" / "report.md").read_text()
