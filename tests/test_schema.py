@@ -71,10 +71,16 @@ def test_no_yaml_file_shadows_a_registered_option():
 def test_the_check_catches_a_repeated_default(tmp_path):
     """The check is not vacuous: a preset, an option or a command file that writes a default
     again fails it."""
+    from llmlab.model.config import ModelConfig
+    from llmlab.train.settings import LoopConfig
+
+    width, steps = ModelConfig().d_model, LoopConfig().steps
     for rel, text, message in [
-            ("model/bad.yaml", "defaults:\n  - tiny\n  - _self_\nd_model: 256\n", "d_model: 256 repeats the default in ModelConfig"),
+            ("model/bad.yaml", f"defaults:\n  - tiny\n  - _self_\nd_model: {width}\n",
+             f"d_model: {width} repeats the default in ModelConfig"),
             ("norm/bad.yaml", "defaults:\n  - pre\n  - _self_\neps: 1.0e-5\n", "eps: 1e-05 repeats the default"),
-            ("train.yaml", "defaults:\n  - _self_\ntrain:\n  steps: 500\n", "train.steps: 500 repeats the default in LoopConfig"),
+            ("train.yaml", f"defaults:\n  - _self_\ntrain:\n  steps: {steps}\n",
+             f"train.steps: {steps} repeats the default in LoopConfig"),
             ("sample.yaml", "defaults:\n  - _self_\ntop_k: 50\n", "top_k: 50 repeats the default in SampleConfig")]:
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)

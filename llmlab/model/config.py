@@ -259,7 +259,7 @@ class ModelConfig:
     """The ``model`` section: shared sizes, passed to every part."""
 
     name: str = "custom"  # a label for reports; presets set theirs
-    d_model: int = 256
+    d_model: int = 192  # the default run's width: at its budget 192 beat 256 (bench/results/default_search.json)
     n_layers: int = 4
     n_heads: int = 4
     max_seq_len: int = 256
