@@ -134,9 +134,10 @@ def compact_number(m: re.Match) -> str:
     return plain
 
 
-def path_slug(text: str, limit: int = 60) -> str:
+def path_slug(text: str, limit: int = 120) -> str:
     """A short, path-safe form of a job's overrides for its sweep directory name; large round
-    numbers in their short form (``train.max_flops=1e8``), so a cut at ``limit`` keeps them."""
+    numbers in their short form (``train.max_flops=1e8``). ``limit`` leaves room for four swept
+    keys (variant, size, budget, seed: about 75 characters) within a file name's 255."""
     text = re.sub(r"(?<==)\d+(\.0)?(?=,|_|$)", compact_number, str(text))
     text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", text.replace("/", "-"))
     text = re.sub(r"-{2,}", "-", text).strip("-")

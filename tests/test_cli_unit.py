@@ -38,7 +38,10 @@ def test_sweep_dir_names_are_short_and_path_safe():
     assert name_sweep_runs_by_swept_keys(args)[1] == \
         "hydra.job.config.override_dirname.exclude_keys=[data.paths,model/attention]"
     assert name_sweep_runs_by_swept_keys(["optim.lr=1"]) == ["optim.lr=1"]  # not a sweep
-    assert len(path_slug("x=" + "y" * 500)) <= 60
+    assert len(path_slug("x=" + "y" * 500)) <= 120
+    # an IsoFLOP sweep's four axes all stay in the name
+    assert path_slug("model.d_model=256,model/attention=mla,seed=1,train.max_flops=10000000000000.0") == \
+        "model.d_model=256,model-attention=mla,seed=1,train.max_flops=1e13"
     assert path_slug("") == "defaults"
     # a budget keeps its value within the limit: 1e8, not the first digits of 100000000.0
     assert path_slug("model.d_model=16,model/attention=mha,train.max_flops=100000000.0") == \
