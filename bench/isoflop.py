@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="1e12,3e12,1e13", help="train.max_flops values")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--overrides", nargs="*", default=FIXED, help="settings shared by every job")
+    ap.add_argument("--keep", type=Path, help="copy the sweep's run directories here (to report on them again)")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
     axes = [f"model/attention={args.variants}", f"model.d_model={args.sizes}", f"train.max_flops={args.budgets}",
@@ -53,6 +54,8 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "llmlab", "report", "sweep", f"out={out}", "hydra.run.dir=report"],
                        cwd=tmp, env=env, check=True)
         report = json.loads((out / "report.json").read_text())
+        if args.keep:
+            shutil.copytree(Path(tmp) / "sweep", args.keep, dirs_exist_ok=True)
         jobs = []
         for summary in sorted((Path(tmp) / "sweep").glob("*/summary.json")):
             s = json.loads(summary.read_text())

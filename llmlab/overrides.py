@@ -134,6 +134,13 @@ def compact_number(m: re.Match) -> str:
     return plain
 
 
+def compact_override(override: str) -> str:
+    """``train.max_flops=1000000000000.0`` (a sweep's expansion of ``1e12``) -> ``train.max_flops=1e12``:
+    how a report labels a run, so a swept value and a typed one read (and group) alike."""
+    key, sep, value = override.partition("=")
+    return key + sep + re.sub(r"^\d+(\.0)?$", compact_number, value) if sep else override
+
+
 def path_slug(text: str, limit: int = 120) -> str:
     """A short, path-safe form of a job's overrides for its sweep directory name; large round
     numbers in their short form (``train.max_flops=1e8``). ``limit`` leaves room for four swept

@@ -360,8 +360,8 @@ def scaling_lines(section: dict) -> list[str]:
         s = v["surface"]
         optima = "; ".join(f"C={b['budget']:.2g}: N*={b['n_opt']:.3g}, L*={b['loss_opt']:.3f}"
                            + (" (IsoFLOP grid off-centre)" if b["isoflop_off_centre"] else "") for b in v["per_budget"])
-        out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}; "
-                   + optima)
+        out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
+                   + (f" (on a bound: {', '.join(s['at_bounds'])})" if s.get("at_bounds") else "") + "; " + optima)
     for c in section["crossings"]:
         where = ("no crossing" if c["budget"] is None else f"cross at {c['budget']:.3g} FLOPs"
                  + (" (extrapolated)" if c["extrapolated"] else ""))

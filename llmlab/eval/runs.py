@@ -22,7 +22,10 @@ class Run:
 
     @property
     def label_overrides(self) -> list[str]:
-        return setting_apart(self.overrides)
+        """The overrides that can set this run apart, large round numbers short (``1e12``)."""
+        from llmlab.overrides import compact_override
+
+        return setting_apart([compact_override(o) for o in self.overrides])
 
 
 def setting_apart(overrides: list[str]) -> list[str]:

@@ -201,5 +201,15 @@ def crossing(first: Callable, second: Callable, lo: float, hi: float, points: in
     return float(np.exp(brentq(lambda v: float(first(np.exp(v)) - second(np.exp(v))), u[k], u[k + 1])))
 
 
+def at_bounds(s: Surface) -> list[str]:
+    """The fitted values that sit on a bound of the search (an exponent at an end of
+    ``EXPONENTS``, a coefficient at 0): there the runs do not pin the value down, and what
+    follows from it (N*, D*, the crossing) leans on the bound."""
+    ends = [f"{name} = {v:g} (the search's {'lower' if np.isclose(v, EXPONENTS[0], rtol=1e-3) else 'upper'} end)"
+            for name, v in (("α", s.alpha), ("β", s.beta))
+            if np.isclose(v, EXPONENTS[0], rtol=1e-3) or np.isclose(v, EXPONENTS[1], rtol=1e-3)]
+    return ends + [f"{name} = 0" for name, v in (("E", s.e), ("A", s.a), ("B", s.b)) if v <= 0]
+
+
 def surface_dict(s: Surface) -> dict:
-    return asdict(s)
+    return {**asdict(s), "at_bounds": at_bounds(s)}

@@ -216,6 +216,11 @@ def markdown(section: dict, figure: str | None) -> list[str]:
         out.append(f"| {label} | {v['points']} | " + " | ".join(
             f"{_g(s[k])}{_ci(ci[k])}" for k in ("e", "a", "alpha", "b", "beta"))
             + f" | {s['rmse']:.4f} | {v['bootstrap']['replicates']} over {v['bootstrap']['over']} |")
+    for label, v in section["variants"].items():
+        if v.get("surface", {}).get("at_bounds"):
+            out += ["", f"**⚠ {label}: {', '.join(v['surface']['at_bounds'])}: on a bound of the fit, so the runs do "
+                    "not pin it down (too few sizes or budgets, or sizes past the point where size still helps); "
+                    "the optimum and crossings below lean on that bound.**"]
     out += ["", "Compute-optimal size, tokens and loss at each measured budget (from the surface), and the IsoFLOP "
             "parabola's vertex at that budget as a cross-check:", "",
             "| variant | budget (FLOPs) | N* | D* | L* | IsoFLOP N* | grid |", "|" + " --- |" * 7]

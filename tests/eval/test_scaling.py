@@ -65,6 +65,17 @@ def test_variable_projection_recovers_a_known_surface_with_noise(grid):
     assert lo <= fit.alpha <= hi and hi - lo < 0.1
 
 
+def test_a_value_the_runs_do_not_pin_down_is_reported_on_its_bound():
+    assert sc.at_bounds(sc.fit_surface(*columns(design(GRIDS["centred"])))) == []
+    # the loss falls with tokens only (the size term goes to A = 0 or to the steepest α the search
+    # allows, where it vanishes over these sizes), or with size more steeply than that α
+    for surface in (sc.Surface(1.8, 0.0, 0.45, 400.0, 0.30, 0.0), sc.Surface(1.8, 1e9, 3.0, 400.0, 0.30, 0.0)):
+        fit = sc.fit_surface(*columns(design(GRIDS["centred"], surface=surface, sigma=0.0005)))
+        flagged = sc.at_bounds(fit)
+        assert flagged and all(f == "A = 0" or f == "α = 2 (the search's upper end)" for f in flagged), (fit, flagged)
+        assert fit.beta == pytest.approx(0.30, abs=0.02)  # what the runs do pin down is still found
+
+
 def test_one_seed_per_cell_bootstraps_the_residuals():
     cells = design(GRIDS["centred"], seeds=1)
     fit = sc.fit_surface(*columns(cells))

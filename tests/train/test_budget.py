@@ -66,6 +66,8 @@ def test_a_flops_sweep_over_sizes_ends_with_a_scaling_report(tmp_path):
         assert s["steps"] == s["steps_planned"] == math.ceil(s["max_flops"] / per_step)
         assert s["flops"] == s["tokens"] * s["flops_per_token"] and 0 <= s["flops"] - s["max_flops"] < per_step
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())
+    # labelled as typed (1e8), not as the sweep expands it (100000000.0)
+    assert "model.d_model=16 train.max_flops=1e8" in [g["group"] for g in report["groups"]]
     section = report["scaling"]
     assert section["size_keys"] == ["model.d_model"] and section["budgets"] == list(budgets)
     (fit,) = section["variants"].values()
