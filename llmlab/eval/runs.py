@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from llmlab.errors import UserError
+from llmlab.overrides import compact_override
 
 @dataclass
 class Run:
@@ -20,11 +22,10 @@ class Run:
     seed: Any
     curve: list[tuple[float, float]]  # (tokens, val loss)
 
-    @property
+    @cached_property
     def label_overrides(self) -> list[str]:
-        """The overrides that can set this run apart, large round numbers short (``1e12``)."""
-        from llmlab.overrides import compact_override
-
+        """The overrides that can set this run apart, large round numbers short (``1e12``);
+        worked out once per run (grouping and the scaling section ask for it many times)."""
         return setting_apart([compact_override(o) for o in self.overrides])
 
 
