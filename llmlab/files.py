@@ -102,9 +102,10 @@ def clean_stale(parent: Path, kind: str = TMP) -> list[Path]:
     if not Path(parent).is_dir():
         return removed
     for p in Path(parent).iterdir():
-        if p.name.startswith(kind) and not writer_alive(p.name, kind):
+        if p.name.startswith(kind) and not p.is_symlink() and p.is_dir() and not writer_alive(p.name, kind):
             shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+            if not p.exists():
+                removed.append(p)
     return removed
 
 
@@ -142,7 +143,7 @@ class RunLock:
     def acquire(self) -> "RunLock":
         try:
             import fcntl
-        except ImportError:  # no flock (Windows): one writer is the user's to ensure
+        except ImportError:  # no flock (Windows): one writer is the user's to ensure, and `held` stays False
             return self
         f = open(self.path, "a+")
         try:
@@ -159,6 +160,11 @@ class RunLock:
         f.flush()
         self.file = f
         return self
+
+    @property
+    def held(self) -> bool:
+        """True while this process holds the kernel's lock: then no other llmlab writes here."""
+        return self.file is not None
 
     def release(self) -> None:
         if self.file is not None:

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from llmlab import console
 from llmlab.data.corpus import CORPUS
-from llmlab.data.shards import TokenStore, read_shard
+from llmlab.data.shards import TokenStore, read_shard, shard_name
 from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
 from llmlab.errors import UserError
 from llmlab.files import clean_stale, disk_error
@@ -57,7 +57,8 @@ class Prepared:
         try:
             itemsize = np.dtype(self.meta["dtype"]).itemsize
             info = self.meta[split]
-            shards = ([(self.path / split / s["file"], int(s["tokens"])) for s in info["shards"]] if "shards" in info
+            shards = ([(self.path / split / own_shard(i, s["file"]), int(s["tokens"])) for i, s in enumerate(info["shards"])]
+                      if "shards" in info
                       else [(self.path / f"{split}.bin", int(info["tokens"]))])  # an entry from before shards
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"data: the cache entry {self.path} has a damaged meta.json ({e}); delete that directory "
@@ -152,6 +153,15 @@ def prepare(data_section: Mapping[str, Any], tok_section: Mapping[str, Any], cac
     if not quiet:
         print_summary(prepared)
     return prepared
+
+
+def own_shard(index: int, name: Any) -> str:
+    """The file name of a split's ``index``-th shard, as meta.json records it: only the name the
+    builder gives that shard is accepted, so a hand-edited index never opens another path
+    (``../x``, an absolute path, a NUL byte)."""
+    if name != shard_name(index):
+        raise ValueError(f"shard {index} is named {str(name)[:40]!r}, not {shard_name(index)!r}")
+    return name
 
 
 def read_meta(entry: Path) -> dict[str, Any]:

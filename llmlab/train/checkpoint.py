@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
-from llmlab.files import OLD, TMP, clean_stale, disk_error, owned_tmp_dir, replace_dir
+from llmlab.files import OLD, TMP, clean_stale, disk_error, owned_tmp_dir, replace_dir, writer_alive
 
 REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
 MANIFEST = "manifest.json"
@@ -155,30 +155,40 @@ def completeness(path: Path, legacy: bool = True) -> str | None:
     return f"its manifest lacks {', '.join(missing)}" if missing else None
 
 
-def recover_checkpoints(ckpt_root: Path) -> list[str]:
+def recover_checkpoints(ckpt_root: Path, locked: bool = True) -> list[str]:
     """Called by the run directory's one writer before it trains: finish what a killed save
     left half done. A complete copy under a temporary name (``.tmp-``: written, not yet
     renamed; ``.old-``: moved aside for a re-save) takes the place of a missing or incomplete
-    ``step_N``; the rest of the leftovers go. Returns what it did, for the log."""
+    ``step_N``; the rest of the leftovers go. ``locked``: the run's lock is held for real
+    (`RunLock.held`), which proves that no writer on another host is at work here; without it,
+    other hosts' temporaries stay (on a shared file system their writers may be alive). A
+    symbolic link is never followed or removed. Returns what it did, for the log."""
     ckpt_root = Path(ckpt_root)
     if not ckpt_root.is_dir():
         return []
     done = []
-    leftovers = sorted((p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith((TMP, OLD))),
-                       key=lambda p: (not p.name.startswith(TMP), -p.stat().st_mtime))  # the newer copy first
+    leftovers = [p for p in ckpt_root.iterdir() if p.name.startswith((TMP, OLD))]
+    for p in [p for p in leftovers if p.is_symlink()]:
+        done.append(f"left {p.name} alone: it is a symbolic link, not a directory llmlab wrote")
+    leftovers = [p for p in leftovers if not p.is_symlink() and p.is_dir()
+                 and (locked or not writer_alive(p.name, OLD if p.name.startswith(OLD) else TMP))]
+    leftovers.sort(key=lambda p: (not p.name.startswith(TMP), -p.stat().st_mtime))  # the newer copy first
     for p in leftovers:
         m = re.search(r"(step_\d+)", p.name)
         if m and completeness(p, legacy=not p.name.startswith(TMP)) is None:
             target = ckpt_root / m.group(1)
             if not target.exists() or completeness(target) is not None:
+                if target.is_symlink():
+                    done.append(f"kept {p.name}: {target.name} is a symbolic link, which llmlab does not replace")
+                    continue
                 if target.exists():
                     shutil.rmtree(target)
                 os.rename(p, target)
                 done.append(f"restored {target.name} from {p.name}")
-    for p in ckpt_root.iterdir():
-        if p.is_dir() and p.name.startswith((TMP, OLD)):
+    for p in leftovers:
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
-            done.append(f"removed the leftover {p.name}")
+            done.append(f"could not remove the leftover {p.name}" if p.exists() else f"removed the leftover {p.name}")
     if done:
         _fsync_dir(ckpt_root)
     return done

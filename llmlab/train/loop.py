@@ -62,6 +62,7 @@ class Trainer:
     ``run`` steps it to the end or to a budget and writes the summary."""
 
     def __init__(self, cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False):
+        self._quiet_before = console.out.quiet  # restored by close(), however far the build got
         try:
             self._build(cfg, run_dir, in_sweep)
         except BaseException:
@@ -76,10 +77,9 @@ class Trainer:
         self.job = job = check_train_config(cfg)
         self.loop = loop = job.loop
         self.dist, self.device = init_distributed(resolve_device(job.device), loop.fsdp)
-        self._quiet_before = console.out.quiet
         console.out.quiet = console.out.quiet or not self.dist.is_main  # one rank speaks
-        self._claim_run_dir(run_dir)
         self.run_id = run_id(cfg)
+        self._claim_run_dir(run_dir)
         self.precision = resolve_precision(job.precision, self.device)
         self.finished = finished_summary(self.run_dir, self.run_id) if loop.resume == "auto" else None
         if self.finished is not None:
@@ -104,8 +104,9 @@ class Trainer:
                           f"{self.peak / 1e12:.2f} TFLOP/s ({self.peak_source}); run id {self.run_id}")
 
     def _claim_run_dir(self, run_dir: str | Path) -> None:
-        """Rank 0 makes and locks the run directory (one trainer per directory) and finishes
-        what a killed save left; the other ranks look at it only then."""
+        """Rank 0 makes and locks the run directory (one trainer per directory), checks that it
+        holds no other config's run, and only then finishes what a killed save left; the other
+        ranks look at it only then."""
         self.run_dir = Path(broadcast(str(run_dir), self.dist))
         self.lock = None
         if self.dist.is_main:
@@ -114,7 +115,8 @@ class Trainer:
             except OSError as e:
                 raise disk_error(e, f"the run directory {self.run_dir}") or e
             self.lock = RunLock(self.run_dir).acquire()
-            for line in recover_checkpoints(self.run_dir / "checkpoints"):
+            resume.check_owner(self.loop, self.run_dir, self.run_id)  # refuse before touching anything
+            for line in recover_checkpoints(self.run_dir / "checkpoints", locked=self.lock.held):
                 console.out.print(f"checkpoints: {line} (left by a run that was killed)", style="yellow")
         barrier(self.dist)
 
@@ -388,8 +390,7 @@ class Trainer:
                 getattr(self, name).close()
         if getattr(self, "logger", None) is not None:
             self.logger.finish()
-        if hasattr(self, "_quiet_before"):
-            console.out.quiet = self._quiet_before
+        console.out.quiet = self._quiet_before
         if getattr(self, "lock", None) is not None:
             self.lock.release()
         if getattr(self, "dist", None) is not None:

@@ -3,16 +3,21 @@ that decides the next step, and saving (every rank takes part; rank 0 writes).""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import torch
 
 from llmlab import console
 from llmlab.errors import ConfigError, UserError
+from llmlab.files import OLD, TMP
 from llmlab.train.checkpoint import Checkpoint, latest_in_run, load_checkpoint, save_checkpoint
 from llmlab.train.distributed import (barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       load_optimizer_state)
 from llmlab.train.loggers import JsonlWriter
+
+STEP_IN_NAME = re.compile(r"step_(\d+)")
 
 
 def resume_checkpoint(loop, run_dir: Path, rid: str) -> Checkpoint | None:
@@ -30,13 +35,39 @@ def resume_checkpoint(loop, run_dir: Path, rid: str) -> Checkpoint | None:
         ckpt = load_checkpoint(found)
     except UserError as e:
         raise UserError(f"train.resume: {str(e).removeprefix('ckpt: ')}") from e
-    other = ckpt.state.get("run_id")
-    if loop.resume == "auto" and other and other != rid:
+    if loop.resume == "auto":
+        refuse_foreign(run_dir, ckpt.state.get("run_id"), rid, ckpt.path)
+    return ckpt
+
+
+def refuse_foreign(run_dir: Path, other, rid: str, path: Path) -> None:
+    if other and other != rid:
         raise ConfigError(
             f"train.resume: {run_dir} holds a run of another config (run id {other}; this config is "
-            f"{rid}); use a new hydra.run.dir, train.resume={ckpt.path} to continue from it anyway, "
+            f"{rid}); use a new hydra.run.dir, train.resume={path} to continue from it anyway, "
             "or train.resume=null to start over in this directory")
-    return ckpt
+
+
+def check_owner(loop, run_dir: Path, rid: str) -> None:
+    """Before anything in ``run_dir`` is touched (leftovers cleaned, records cut back): with
+    ``train.resume=auto``, refuse a directory whose newest checkpoint, or a killed save's copy
+    of a newer step, belongs to another config. Reads ``state.json`` files only."""
+    if loop.resume != "auto":
+        return
+    root = Path(run_dir) / "checkpoints"
+    newest = None
+    for p in (root.iterdir() if root.is_dir() else ()):
+        m = STEP_IN_NAME.search(p.name)
+        if m is None or p.is_symlink() or not (p.name.startswith(("step_", TMP, OLD))):
+            continue
+        try:
+            state = json.loads((p / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and (newest is None or int(m.group(1)) > newest[0]):
+            newest = (int(m.group(1)), state.get("run_id"), p)
+    if newest is not None:
+        refuse_foreign(run_dir, newest[1], rid, newest[2])
 
 
 def check_same_tokenizer(tokenizer_path: Path, ckpt: Checkpoint) -> None:

@@ -10,11 +10,13 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import llmlab.data.build as build
 import llmlab.data.prepare as prep
 from llmlab.data.batches import RandomWindows
 from llmlab.data.shards import TokenStore, read_shard
+from llmlab.errors import UserError
 
 BPE = {"kind": "bpe", "vocab_size": 320}
 
@@ -204,3 +206,24 @@ def test_a_resume_between_the_parts_of_a_document_keeps_its_separators():
         first = whole[cut - 1]
         rest = build.batches(iter(items[first.position:]), "<|endoftext|>", first.position, 1, first.open_text)
         assert flat(whole[:cut]) + flat(rest) == flat(whole)
+
+
+@pytest.mark.parametrize("name", ["../../../x", "/etc/passwd", "000001.bin", "0\x0000000.bin", 7, None])
+def test_meta_json_names_only_the_entrys_own_shards(tmp_path, name):
+    """A shard's name in meta.json is followed only when it is the name the builder gives that
+    shard: a path out of the entry, another shard's name, a NUL byte or a non-string is one
+    line naming meta.json, and nothing outside the entry is opened."""
+    entry = tmp_path / "cache" / "text-byte-0123456789ab"
+    (entry / "train").mkdir(parents=True)
+    (tmp_path / "x").write_bytes(np.arange(10, dtype=np.uint16).tobytes())  # what ../../../x reaches
+    np.arange(10, dtype=np.uint16).tofile(entry / "train" / "000000.bin")
+    meta = {"version": 3, "vocab_size": 257, "dtype": "uint16", "layout": "shards",
+            "train": {"tokens": 10, "bytes": 10, "docs": 1,
+                      "shards": [{"file": name, "tokens": 10, "bytes": 10, "docs": 1}]}}
+    (entry / "meta.json").write_text(json.dumps(meta))
+    p = prep.Prepared(entry, prep.read_meta(entry))
+    with pytest.raises(UserError, match=r"damaged meta.json \(shard 0 is named .*, not '000000.bin'\)"):
+        p.tokens("train")
+    meta["train"]["shards"][0]["file"] = "000000.bin"
+    (entry / "meta.json").write_text(json.dumps(meta))
+    assert np.asarray(prep.Prepared(entry, prep.read_meta(entry)).tokens("train")).tolist() == list(range(10))

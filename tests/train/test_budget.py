@@ -19,7 +19,7 @@ TINY = ["model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenize
         "train.eval_every=0", "train.ckpt_every=0"]
 
 
-@pytest.mark.parametrize("kind", ["mha", "gqa", "mla", "swa"])
+@pytest.mark.parametrize("kind", ATTENTION.names())
 @pytest.mark.parametrize("d_model", [32, 64])
 def test_max_flops_gives_the_steps_of_the_model_card(kind, d_model):
     model = Transformer(tiny_spec(attention=test_config(ATTENTION, kind), d_model=d_model))

@@ -248,7 +248,7 @@ def test_two_trainers_on_one_run_directory(tmp_path):
     lock = RunLock(run).acquire()
     try:
         r = run_cli("train", "data=text", f"data.paths=[{corpus(tmp_path)}]", *TINY, "train.steps=2",
-                    f"hydra.run.dir={run}", cwd=tmp_path)
+                    f"hydra.run.dir={run}", process=True, cwd=tmp_path)
         one_line_error(r, 1, f"PID {os.getpid()}", str(run))
         assert inflight.is_dir()
     finally:
@@ -257,6 +257,11 @@ def test_two_trainers_on_one_run_directory(tmp_path):
                 f"hydra.run.dir={run}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not inflight.exists()  # the lock's holder is gone, so its leftovers are too
+
+
+def _host() -> str:
+    from llmlab.files import owned_name
+    return owned_name("x").split("-")[1]
 
 
 def dead_pid() -> int:
@@ -280,10 +285,40 @@ def test_stale_temporaries_of_dead_writers_are_cleaned_and_live_ones_kept(tmp_pa
     assert not dead.exists() and alive.is_dir() and other_host.is_dir()
 
 
+def test_leftovers_are_never_followed_through_a_link_and_other_hosts_wait_for_the_lock(tmp_path):
+    """A link with a leftover's name is neither followed nor reported as removed; a temporary
+    of another host stays unless the run's lock is really held (on a shared file system its
+    writer may be alive), and goes when it is."""
+    root, elsewhere = tmp_path / "checkpoints", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep me")
+    link = root / ".old-step_000010-x"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    other_host = root / ".tmp-elsewhere-1-step_000003-a"
+    other_host.mkdir()
+    said = recover_checkpoints(root, locked=False)
+    assert link.is_symlink() and (elsewhere / "precious.txt").read_text() == "keep me"
+    assert other_host.is_dir()
+    assert said == [f"left {link.name} alone: it is a symbolic link, not a directory llmlab wrote"]
+    said = recover_checkpoints(root, locked=True)
+    assert not other_host.exists() and f"removed the leftover {other_host.name}" in said
+    assert link.is_symlink() and not any("removed" in line and link.name in line for line in said)
+
+
 def test_resume_needs_trainer_state_or_says_weights_only(tmp_path):
     data = ["data=text", f"data.paths=[{corpus(tmp_path)}]", *TINY, "train.eval_every=0", "hydra.run.dir=run"]
     first = run_cli("train", *data, "train.steps=4", "train.max_steps=2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
+    # Another config in this directory is refused before anything in it is touched: a dead
+    # writer's leftover and the run's records stay as they were.
+    leftover = tmp_path / "run" / "checkpoints" / f".tmp-{_host()}-{dead_pid()}-step_000009-q"
+    leftover.mkdir()
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    other = run_cli("train", *data, "train.steps=4", "model.d_model=16", cwd=tmp_path)
+    one_line_error(other, 2, "holds a run of another config", "hydra.run.dir")
+    assert leftover.is_dir() and (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
+    leftover.rmdir()
     (ckpt,) = list_checkpoints(tmp_path / "run" / "checkpoints")
     (ckpt / "trainer.pt").unlink()
     manifest = json.loads((ckpt / "manifest.json").read_text())
