@@ -83,26 +83,69 @@ def tiny_model(seed: int = 0, **kwargs) -> Transformer:
 
 def check_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``llmlab <args>`` in this process, for command lines that must stop at the checks, before
-    Hydra runs anything: the same code as from the shell (`llmlab.cli.main`) without a fresh
-    interpreter per case. A case that got past the checks would run here and fail its test."""
+    Hydra runs anything. A case that got past the checks would run here and fail its test."""
+    return run_cli(*args, cwd=cwd)
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
+            process: bool = False) -> subprocess.CompletedProcess:
+    """``llmlab <args>`` in ``cwd``, as a user runs it, with the cache in ``cwd/.cache`` and
+    wandb off.
+
+    By default in this process: the same code as from the shell (`llmlab.cli.main`, Hydra's
+    app included) with argv, the working directory, the environment and the streams swapped
+    for the call, and an exception that would end the program printed as the interpreter
+    would print it, exit status 1. That saves the 2 to 3 s of a fresh interpreter (torch's
+    import) per call. ``process=True`` runs ``python -m llmlab`` in a subprocess: for tests
+    about the process itself (signals, kill -9, exit at interpreter shutdown, resource
+    limits, torchrun) and for one real run of each command."""
+    env = {"LLMLAB_CACHE": str(cwd / ".cache"), "WANDB_MODE": "disabled", **(env or {})}
+    if process:
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+        full_env.pop("WANDB_API_KEY", None)
+        return subprocess.run([sys.executable, "-m", "llmlab", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, env=full_env)
+    return _in_process(list(args), Path(cwd), env)
+
+
+def _in_process(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    import logging
+    import traceback
+
+    from hydra.core.global_hydra import GlobalHydra
+
     from llmlab.cli import main
 
-    out, err, code, before = io.StringIO(), io.StringIO(), 0, os.getcwd()
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_env, saved_argv, before = dict(os.environ), list(sys.argv), os.getcwd()
+    root = logging.getLogger()
+    saved_logging = (list(root.handlers), root.level)
+    os.environ.update(env)
+    os.environ.pop("WANDB_API_KEY", None)
     os.chdir(cwd)
+    GlobalHydra.instance().clear()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main(list(args))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+            try:
+                main(args)
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:  # what the interpreter does with SystemExit("text")
+                    print(e.code, file=sys.stderr)
+                    code = 1
+            except Exception:  # what the interpreter prints for an uncaught exception
+                traceback.print_exc()
+                code = 1
     finally:
+        GlobalHydra.instance().clear()
+        for h in root.handlers:  # Hydra's job logging: its file handler holds the run's log open
+            if h not in saved_logging[0]:
+                h.close()
+        root.handlers[:] = saved_logging[0]
+        root.setLevel(saved_logging[1])
         os.chdir(before)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv[:] = saved_argv
     return subprocess.CompletedProcess(["llmlab", *args], code, out.getvalue(), err.getvalue())
-
-
-def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m llmlab <args>`` in ``cwd``, as a user runs it."""
-    full_env = {**os.environ, "LLMLAB_CACHE": str(cwd / ".cache"), "WANDB_MODE": "disabled",
-                "PYTHONPATH": str(REPO), **(env or {})}
-    full_env.pop("WANDB_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "llmlab", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=full_env)

@@ -31,21 +31,21 @@ def one_line_error(result, code: int, *fragments: str) -> str:
 
 
 def test_no_command_lists_the_commands(tmp_path):
-    r = run_cli(cwd=tmp_path)
+    r = run_cli(process=True, cwd=tmp_path)
     assert r.returncode == 0
     for name in ("tokenize", "train", "eval", "sample"):
         assert f"  {name} " in r.stdout
-    assert run_cli("--help", cwd=tmp_path).stdout == r.stdout
+    assert run_cli("--help", process=True, cwd=tmp_path).stdout == r.stdout
 
 
 def test_unknown_command_prints_usage_and_exits_2(tmp_path):
-    r = run_cli("trian", cwd=tmp_path)
+    r = run_cli("trian", process=True, cwd=tmp_path)
     assert r.returncode == 2
     assert "unknown command 'trian'" in r.stderr and "usage: llmlab" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_each_commands_help_lists_its_own_groups_and_settings_with_their_comments(tmp_path):
-    r = run_cli("train", "--help", cwd=tmp_path)
+    r = run_cli("train", "--help", process=True, cwd=tmp_path)
     assert r.returncode == 0
     assert "llmlab train" in r.stdout and f"model/attention: {', '.join(ATTENTION.names())}" in r.stdout
     assert "  adamw          AdamW (Loshchilov & Hutter 2019)" in r.stdout  # an option's own description
@@ -61,7 +61,7 @@ def test_each_commands_help_lists_its_own_groups_and_settings_with_their_comment
 
 
 def test_cfg_job_shows_the_composed_config(tmp_path):
-    r = run_cli("train", "model=gqa", "attention.kv_heads=2", "--cfg", "job", cwd=tmp_path)
+    r = run_cli("train", "model=gqa", "attention.kv_heads=2", "--cfg", "job", process=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "kind: gqa" in r.stdout and "kv_heads: 2" in r.stdout and "name: gqa" in r.stdout
 
@@ -117,7 +117,7 @@ def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
 ])
 def test_a_config_mistake_from_the_shell_is_one_line(tmp_path, args, fragment):
     """The cases above run in-process; from a shell the same mistake is the same line."""
-    one_line_error(run_cli(*args, cwd=tmp_path), 2, fragment)
+    one_line_error(run_cli(*args, process=True, cwd=tmp_path), 2, fragment)
     assert not (tmp_path / "outputs").exists()
 
 
@@ -148,11 +148,11 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     corpus = write_corpus(root, repeat=3)
     data = ["data=text", f"data.paths=[{corpus}/*]"]
-    tok = run_cli("tokenize", *data, "tokenizer=byte", cwd=root)
+    tok = run_cli("tokenize", *data, "tokenizer=byte", process=True, cwd=root)
     assert tok.returncode == 0, tok.stderr
     assert "bytes/token" in tok.stdout
     train = run_cli("train", *data, *TINY, "train.steps=6", "train.eval_every=3", "train.ckpt_every=3",
-                    "hydra.run.dir=outputs/run", cwd=root)
+                    "hydra.run.dir=outputs/run", process=True, cwd=root)
     assert train.returncode == 0, train.stderr
     return root, train
 
@@ -190,7 +190,7 @@ def test_train_writes_a_run_directory(trained):
 
 def test_sample_streams_text_from_a_run_dir(trained):
     root, _ = trained
-    r = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", cwd=root)
+    r = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", process=True, cwd=root)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def fib(")
     assert "tokens/s" in r.stderr and "time to first token" in r.stderr
@@ -274,7 +274,7 @@ def test_speculative_sampling_with_a_draft_checkpoint(trained):
 
 def test_eval_reports_loss_ppl_and_bpb(trained):
     root, _ = trained
-    r = run_cli("eval", "ckpt=outputs/run", "hydra.run.dir=outputs/ev", cwd=root)
+    r = run_cli("eval", "ckpt=outputs/run", "hydra.run.dir=outputs/ev", process=True, cwd=root)
     assert r.returncode == 0, r.stderr
     res = json.loads((root / "outputs" / "ev" / "eval.json").read_text())
     import math
@@ -341,7 +341,7 @@ def test_export_to_transformers_scores_like_llmlab_eval(trained):
     import numpy as np
 
     from tests.export.test_hf import hf_loss
-    r = run_cli("export", "ckpt=outputs/run", "out=exported", cwd=root)
+    r = run_cli("export", "ckpt=outputs/run", "out=exported", process=True, cwd=root)
     assert r.returncode == 0, r.stderr
     assert "LlamaForCausalLM" in r.stdout
     text = "def add(a, b):\n    return a + b\n" * 12

@@ -91,7 +91,7 @@ def test_markdown_and_curves(sweep):
 
 
 def test_report_command_on_a_sweep_directory(sweep, tmp_path):
-    r = run_cli("report", str(sweep), "baseline=mha", "out=rep", cwd=tmp_path)
+    r = run_cli("report", str(sweep), "baseline=mha", "out=rep", process=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "model/attention=mqa" in r.stdout and "paired by seed" in r.stdout
     for name in ("report.md", "report.json", "report.png"):
@@ -125,7 +125,7 @@ def test_groups_follow_job_order_and_labels_count_the_jobs_that_failed(tmp_path)
 
 def test_piped_tables_are_printed_whole(sweep, tmp_path):
     """Out of a terminal (a log file, a pipe) the tables are not cut to 80 columns."""
-    r = run_cli("report", str(sweep), "out=rep", cwd=tmp_path, env={"COLUMNS": "60"})
+    r = run_cli("report", str(sweep), "out=rep", process=True, cwd=tmp_path, env={"COLUMNS": "60"})
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if "model/attention=mqa" in line and "3.2167" in line)
     assert "3.2167 ± " in row and "…" not in r.stdout

@@ -41,7 +41,7 @@ def losses(run: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> dict[int, float]:
     tmp = tmp_path_factory.mktemp("one")
-    r = run_cli("train", *common(tmp), "train.batch_size=4", "train.head_loss=plain", "hydra.run.dir=run", cwd=tmp)
+    r = run_cli("train", *common(tmp), "train.batch_size=4", "train.head_loss=plain", "hydra.run.dir=run", process=True, cwd=tmp)
     assert r.returncode == 0, r.stderr[-2000:]
     return losses(tmp / "run")
 

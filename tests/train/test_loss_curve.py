@@ -27,7 +27,7 @@ TOLERANCE = 2e-3
 
 def train_losses(root: Path) -> list[float]:
     (root / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 3, encoding="utf-8")
-    done = run_cli(*COMMAND, cwd=root, env={"OMP_NUM_THREADS": "1"})
+    done = run_cli(*COMMAND, process=True, cwd=root, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
     return [r["train/loss"] for r in records if "train/loss" in r]
