@@ -19,7 +19,7 @@ SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
 
 install:  ## editable install with the test extra; does nothing when already installed
 	@if [ ! -x "$(PYTHON)" ]; then echo "creating .venv"; python3 -m venv .venv; fi
-	@if $(PYTHON) -c "import llmlab, pytest, scipy, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') else 1)" 2>/dev/null; then \
+	@if $(PYTHON) -c "import llmlab, pytest, scipy, xdist, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') else 1)" 2>/dev/null; then \
 		echo "llmlab is installed in $(BIN)"; \
 	else \
 		$(PYTHON) -m pip install -e ".[test]"; \
@@ -29,11 +29,15 @@ run: install  ## prepare the stdlib corpus, train the default model on this mach
 	$(LLMLAB) train
 	$(LLMLAB) sample ckpt=latest prompt="$(PROMPT)" max_new_tokens=120
 
+# Test files spread over up to 4 processes (pytest-xdist; one per core on a smaller machine).
+# A file stays in one process, so its module fixtures (a trained run, a sweep) are built once.
+PARALLEL := -n auto --maxprocesses=4 --dist loadfile
+
 test: install  ## the fast suite
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q $(PARALLEL)
 
 test-all: install  ## everything, slow end-to-end runs included
-	$(PYTHON) -m pytest -q -m "slow or not slow"
+	$(PYTHON) -m pytest -q $(PARALLEL) -m "slow or not slow"
 
 bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.tokenize_speed --shakespeare "$(SHAKESPEARE)"

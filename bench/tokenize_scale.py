@@ -4,9 +4,11 @@ with ``data.workers=1`` and ``=2``.
 
     python -m bench.tokenize_scale                          # 200 MB, 1 GB, 2 GB
     python -m bench.tokenize_scale --sizes 200 --train-speed --default-ref ../old
+    python -m bench.tokenize_scale --corpus stdlib --sizes 20,120,2000 --keep bench/results/tokenize_scale.json
 
 For each size: wall time, MB/s of reading, tokenizer training and encoding (each apart), peak
-RSS of the whole process tree (sampled every 0.1 s), the speed-up from 1 to 2 workers (at the
+RSS of the whole process tree and of its largest process (every process's RSS, sampled every
+0.1 s), the speed-up from 1 to 2 workers (at the
 sizes in ``--both-workers``), and, with ``--train-speed``, training tokens/s on a store of many
 shards against one shard (interleaved, medians). ``--default-ref`` also times the default
 ``llmlab tokenize`` (the stdlib corpus) in another checkout, in the same run.
@@ -58,8 +60,41 @@ def make_corpus(root: Path, megabytes: int) -> int:
     return total
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants, from /proc."""
+def make_stdlib_corpus(root: Path, megabytes: int) -> int:
+    """Copies of the stdlib's own ``*.py`` files (tests left out), in many small files as a code
+    base has them: copy k renames a few common words with a suffix from k. Returns bytes."""
+    std = Path(sysconfig.get_paths()["stdlib"])
+    sources = []
+    for p in sorted(std.rglob("*.py")):
+        if "test" in p.parts or "tests" in p.parts or "site-packages" in p.parts:
+            continue
+        try:
+            sources.append((p.relative_to(std), p.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+    total, k = 0, 0
+    while total < megabytes * 1_000_000:
+        for rel, text in sources:
+            if k:
+                for j, w in enumerate(WORDS[:5]):
+                    text = text.replace(f" {w}", f" {w}{k}_{j}")
+            out = root / f"copy{k:03d}" / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            data = text.encode()
+            out.write_bytes(data)
+            total += len(data)
+            if total >= megabytes * 1_000_000:
+                break
+        k += 1
+    return total
+
+
+CORPORA = {"synthetic": (make_corpus, "*.txt"), "stdlib": (make_stdlib_corpus, "**/*.py")}
+
+
+def tree_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of ``pid`` and all its descendants, from /proc: (the whole tree, its
+    largest process)."""
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -68,17 +103,18 @@ def tree_rss(pid: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(d.name))
-    total, todo = 0, [pid]
+    total, largest, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
         todo += children.get(p, [])
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+                    rss = int(line.split()[1]) * 1024
+                    total, largest = total + rss, max(largest, rss)
         except OSError:
             pass
-    return total
+    return total, largest
 
 
 LOADS: list[float] = []
@@ -92,17 +128,19 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int, subprocess.CompletedProcess]:
-    """(wall seconds, peak tree RSS in bytes, the finished process); the process's ``other_load``
-    (the machine's share used by anything but it and its workers) goes in ``LOADS``."""
+def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, tuple[int, int], subprocess.CompletedProcess]:
+    """(wall seconds, (peak RSS of the whole tree, of its largest process) in bytes, sampled
+    every 0.1 s, the finished process); the process's ``other_load`` (the machine's share used
+    by anything but it and its workers) goes in ``LOADS``."""
     start, children0 = perf.snapshot(), _children_cpu()
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0]
+    peak = [0, 0]
 
     def watch():
         while proc.poll() is None:
-            peak[0] = max(peak[0], tree_rss(proc.pid))
+            tree, largest = tree_rss(proc.pid)
+            peak[0], peak[1] = max(peak[0], tree), max(peak[1], largest)
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -117,31 +155,34 @@ def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int, subpr
     done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if proc.returncode:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return wall, peak[0], done
+    return wall, (peak[0], peak[1]), done
 
 
-def read_speed(corpus_dir: Path) -> float:
+def read_speed(corpus_dir: Path, pattern: str = "*.txt") -> float:
     """MB/s of streaming the corpus alone (both splits), in this process."""
     from llmlab.data.corpus import CORPUS
 
-    corpus = CORPUS.build(CORPUS.config({"kind": "text", "paths": [str(corpus_dir / "*.txt")]}, "data"))
+    corpus = CORPUS.build(CORPUS.config({"kind": "text", "paths": [str(corpus_dir / pattern)]}, "data"))
     t, n = time.perf_counter(), 0
     for split in ("train", "val"):
         n += sum(d.nbytes for d in corpus.stream(split))
     return n / (time.perf_counter() - t) / 1e6
 
 
-def tokenize(corpus_dir: Path, cache: Path, workers: int, env: dict) -> dict:
-    cmd = [sys.executable, "-m", "llmlab", "tokenize", "data=text", f"data.paths=[{corpus_dir}/*.txt]",
-           f"data.workers={workers}", f"cache_dir={cache}", "hydra.run.dir=.", "hydra.output_subdir=null"]
-    wall, peak, _ = run_watched(cmd, cache.parent, env)
+def tokenize(corpus_dir: Path, cache: Path, workers: int | None, env: dict, pattern: str = "*.txt") -> dict:
+    """One `llmlab tokenize` of the corpus; ``workers`` None: the default (every core)."""
+    cmd = [sys.executable, "-m", "llmlab", "tokenize", "data=text", f"data.paths=[{corpus_dir}/{pattern}]",
+           *([f"data.workers={workers}"] if workers is not None else []), f"cache_dir={cache}", "hydra.run.dir=.",
+           "hydra.output_subdir=null"]
+    wall, (peak, largest), _ = run_watched(cmd, cache.parent, env)
     load = LOADS[-1] if LOADS else None
     meta = json.loads(next(cache.glob("*/meta.json")).read_text())
     t = meta["timings"]
     mb = (meta["train"]["bytes"] + meta["val"]["bytes"]) / 1e6
     sample = meta.get("tokenizer_sample") or {}
     encode_s = t["train_encode_s"] + t["val_encode_s"]
-    return {"workers": workers, "wall_s": round(wall, 1), "peak_rss_gb": round(peak / 2**30, 3),
+    return {"workers": workers or f"default ({os.cpu_count()})", "wall_s": round(wall, 1),
+            "peak_rss_gb": round(peak / 1e9, 3), "largest_process_gb": round(largest / 1e9, 3),
             "tokenizer_s": t["tokenizer_s"], "tokenizer_sample_mb": round(sample.get("bytes", 0) / 1e6, 1),
             "tokenizer_mb_s": round(sample.get("read", 0) / 1e6 / max(1e-9, t["tokenizer_s"]), 2),
             "encode_s": round(encode_s, 1), "encode_mb_s": round(mb / encode_s, 2),
@@ -188,6 +229,9 @@ def default_tokenize(trees: dict[str, Path], env: dict, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="200,1000,2000", help="corpus sizes in MB")
+    ap.add_argument("--corpus", default="synthetic", help="which corpora, comma-separated: synthetic (4 MB files of "
+                    "stdlib text with variations) and/or stdlib (copies of the stdlib's .py files, many small files; "
+                    "tokenized with default settings)")
     ap.add_argument("--both-workers", default="200", help="sizes (MB) also run with data.workers=1")
     ap.add_argument("--train-speed", action="store_true", help="training tokens/s, many shards vs one")
     ap.add_argument("--default-ref", type=Path, help="another checkout: time its default tokenize too")
@@ -204,34 +248,45 @@ def main() -> None:
     if args.keep:
         old = json.loads(args.keep.read_text())
         result = {"sizes": old.get("sizes", {}), "commands": [*old.get("commands", []), command],
-                  **{k: old[k] for k in ("train_speed", "default_tokenize") if k in old}}
+                  **{k: old[k] for k in old if k.startswith("sizes_") or k in ("train_speed", "default_tokenize")}}
     both = {int(s) for s in args.both_workers.split(",") if s}
+    kinds = [k for k in args.corpus.split(",") if k]
+    unknown = sorted(set(kinds) - set(CORPORA))
+    if unknown:
+        raise SystemExit(f"--corpus: unknown {', '.join(unknown)}; allowed: {', '.join(CORPORA)}")
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-scale-", dir=args.tmp) as tmp:
         tmp = Path(tmp)
-        for mb in [int(s) for s in args.sizes.split(",")]:
-            corpus = tmp / f"corpus-{mb}"
-            t = time.perf_counter()
-            nbytes = make_corpus(corpus, mb)
-            entry = {"corpus_mb": round(nbytes / 1e6, 1), "files": len(list(corpus.iterdir())),
-                     "made_in_s": round(time.perf_counter() - t, 1), "read_mb_s": round(read_speed(corpus), 1)}
-            if args.train_speed_only:
-                result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
-                print(f"training tokens/s: {result['train_speed']}", flush=True)
+        for kind in kinds:
+            make, pattern = CORPORA[kind]
+            sizes = result.setdefault("sizes" if kind == "synthetic" else f"sizes_{kind}", {})
+            for mb in [int(s) for s in args.sizes.split(",")]:
+                corpus = tmp / f"corpus-{kind}-{mb}"
+                t = time.perf_counter()
+                nbytes = make(corpus, mb)
+                entry = {"corpus_mb": round(nbytes / 1e6, 1), "files": sum(1 for _ in corpus.glob(pattern)),
+                         "made_in_s": round(time.perf_counter() - t, 1),
+                         "read_mb_s": round(read_speed(corpus, pattern), 1)}
+                if args.train_speed_only:
+                    result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
+                    print(f"training tokens/s: {result['train_speed']}", flush=True)
+                    shutil.rmtree(corpus, ignore_errors=True)
+                    break
+                # the stdlib corpus runs with default settings (data.workers: every core)
+                runs = [None] if kind != "synthetic" else ([1, 2] if mb in both else [2])
+                for workers in runs:
+                    cache = tmp / f"cache-{kind}-{mb}-{workers}"
+                    name = f"workers_{workers}" if workers else "defaults"
+                    entry[name] = tokenize(corpus, cache, workers, env, pattern)
+                    print(f"{kind} {mb} MB, {name}: {entry[name]}", flush=True)
+                    shutil.rmtree(cache, ignore_errors=True)
+                if "workers_1" in entry:
+                    entry["encode_speedup_1_to_2"] = round(entry["workers_1"]["encode_s"] / entry["workers_2"]["encode_s"], 2)
+                sizes[str(mb)] = entry
+                write_result("tokenize_scale", {**result, "partial": True})  # a killed run keeps what it measured
+                if args.train_speed and kind == "synthetic" and mb == min(int(s) for s in args.sizes.split(",")):
+                    result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
+                    print(f"training tokens/s: {result['train_speed']}", flush=True)
                 shutil.rmtree(corpus, ignore_errors=True)
-                break
-            for workers in ([1, 2] if mb in both else [2]):
-                cache = tmp / f"cache-{mb}-{workers}"
-                entry[f"workers_{workers}"] = tokenize(corpus, cache, workers, env)
-                print(f"{mb} MB, workers={workers}: {entry[f'workers_{workers}']}", flush=True)
-                shutil.rmtree(cache, ignore_errors=True)
-            if "workers_1" in entry:
-                entry["encode_speedup_1_to_2"] = round(entry["workers_1"]["encode_s"] / entry["workers_2"]["encode_s"], 2)
-            result["sizes"][str(mb)] = entry
-            write_result("tokenize_scale", {**result, "partial": True})  # a killed run keeps what it measured
-            if args.train_speed and mb == min(int(s) for s in args.sizes.split(",")):
-                result["train_speed"] = train_speed(corpus, tmp, env, args.repeats)
-                print(f"training tokens/s: {result['train_speed']}", flush=True)
-            shutil.rmtree(corpus, ignore_errors=True)
     if not args.train_speed_only:
         trees = {"this": REPO, **({"ref": args.default_ref.resolve()} if args.default_ref else {})}
         result["default_tokenize"] = default_tokenize(trees, env, args.repeats)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.common import median_of, write_result
 from llmlab.data.corpus import CORPUS
-from llmlab.data.build import sample_for_tokenizer
+from llmlab.data.train_tokenizer import sample_for_tokenizer
 from llmlab.data.prepare import pieces, prepare
 from llmlab.data.tokenizer import TOKENIZER
 

@@ -513,7 +513,8 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     import sys
     import time
 
-    from llmlab.train.checkpoint import completeness, list_checkpoints, load_checkpoint
+    from llmlab.train.checkpoint import list_checkpoints, load_checkpoint
+    from llmlab.train.recovery import completeness
     from tests.conftest import REPO, SAMPLE_TEXTS
     (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
     env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}

@@ -59,7 +59,8 @@ def test_ckpt_latest_finds_the_newest_checkpoint(tmp_path, monkeypatch):
     import time
 
     from llmlab.errors import UserError
-    from llmlab.train.checkpoint import REQUIRED, resolve_checkpoint
+    from llmlab.train.checkpoint import resolve_checkpoint
+    from llmlab.train.recovery import REQUIRED
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match="no checkpoints under"):
         resolve_checkpoint("latest")

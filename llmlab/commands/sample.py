@@ -2,7 +2,7 @@
 ``draft=<ckpt>`` or ``spec.mtp=true``, speculative decoding (exact).
 
 The command's settings, prompts, both decoders and the speed comparison that pairs them sit
-together (about 330 lines): the comparison reruns the same prompts through the other path."""
+together: the comparison reruns the same prompts through the other path."""
 
 import dataclasses
 import json

@@ -21,10 +21,12 @@ from typing import Any, Iterator
 import numpy as np
 
 from llmlab import console
-from llmlab.data.corpus import SPLITS, Corpus, Document, hash_fraction, pieces
+from llmlab.data.corpus import SPLITS, Corpus
+from llmlab.data.documents import Document, pieces
 from llmlab.data.encode import encode_batches
 from llmlab.data.shards import SplitWriter, token_dtype
-from llmlab.data.tokenizer import EOS, TextTokenizer
+from llmlab.data.tokenizer import TextTokenizer
+from llmlab.data.train_tokenizer import train_tokenizer
 from llmlab.errors import UserError
 from llmlab.files import atomic_write_text
 
@@ -47,7 +49,8 @@ class Batch:
 def batches(items: Iterator[Document], separator: str | None, position: int = 0,
             batch_chars: int | None = None, open_text: bool = False) -> Iterator[Batch]:
     """Encoding batches of ``items``: each document's text in pieces, the separator after the
-    end of each document and at each literal separator inside one (see `segments`)."""
+    end of each document and at each literal separator inside one (as
+    `llmlab.data.train_tokenizer.segments` cuts them)."""
     batch_chars = batch_chars or BATCH_CHARS
     batch = Batch(position=position)
     for doc in items:
@@ -75,48 +78,6 @@ def batches(items: Iterator[Document], separator: str | None, position: int = 0,
             batch = Batch(position=batch.position, open_text=open_text)
     if batch.texts or batch.docs or batch.nbytes:
         yield batch
-
-
-def segments(text: str, separator: str | None) -> list[str]:
-    """A document's texts between literal separators: corpora such as TinyStories mark their
-    document boundaries with ``<|endoftext|>`` in the text itself. Each segment is encoded as
-    a document of its own (the separator id follows it), and the literal is never text that
-    tokenizer training learns merges from (``<|``, ``endoft``: merges that could never fire,
-    since encoding maps the literal to its id)."""
-    if not separator or separator not in text:
-        return [text]
-    return [part for part in text.split(separator) if part]
-
-
-def sample_for_tokenizer(corpus: Corpus, budget: int | None) -> tuple[Iterator[list[str]], dict[str, int]]:
-    """Texts for tokenizer training, in lists: the train split, or with a ``budget`` in bytes a
-    fixed sample of it: each document (or part of one) is taken when a hash of its name falls
-    below budget / size, until the budget is spent. Literal separators never reach training.
-    ``used`` fills in as the texts are read."""
-    size = corpus.size("train")
-    share = 1.0 if budget is None or not size else min(1.0, budget / size)
-    used = {"bytes": 0, "of": size or 0, "read": 0}
-
-    def texts() -> Iterator[list[str]]:
-        part_of: dict[str, int] = {}
-        out: list[str] = []
-        for doc in corpus.stream("train"):
-            used["read"] += doc.nbytes
-            k = part_of.pop(doc.name, 0)  # which part of its document this is (held until its end)
-            if not doc.end:
-                part_of[doc.name] = k + 1
-            if share < 1 and hash_fraction(f"tokenizer:{doc.name}#{k}") >= share:
-                continue
-            out += [p for seg in segments(doc.text, EOS) for p in pieces(seg)]
-            used["bytes"] += doc.nbytes
-            if len(out) >= 256:
-                yield out
-                out = []
-            if budget is not None and used["bytes"] >= budget:
-                break
-        if out:
-            yield out
-    return texts(), used
 
 
 class Progress:
@@ -201,17 +162,11 @@ class Builder:
             return TextTokenizer.load(path, self.progress.get("eos"))
         t0 = time.perf_counter()
         if self.factory.needs_training():
+            used = {"of": self.corpus.size("train") or 0}
             budget = self.factory.train_bytes()
-            texts, used = sample_for_tokenizer(self.corpus, budget)
             stage = self.stage(bar, "train tokenizer", min(budget or used["of"], used["of"]) or None)
-
-            def counted() -> Iterator[list[str]]:
-                seen = 0
-                for chunk in texts:
-                    yield chunk
-                    stage.update(used["bytes"] - seen)
-                    seen = used["bytes"]
-            tok = self.factory.make(counted)
+            # a corpus known to be small is held in this process already; any other trains in a child
+            tok, used = train_tokenizer(self.corpus, self.factory, stage, in_child=not isinstance(self.corpus, _Held))
             stage.update(0, final=True)
             self.progress["tokenizer_sample"] = {"bytes": used["bytes"], "read": used["read"], "of": used["of"]}
         else:

@@ -12,127 +12,21 @@ is split at the first line after ``1 - val_fraction`` of its bytes instead.
 
 from __future__ import annotations
 
-import codecs
 import glob
 import hashlib
 import os
-import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
+from llmlab.data.documents import Document, line_cut, read_parts, val_names
 from llmlab.errors import ConfigError, UserError
 from llmlab.registry import Registry
 
 CORPUS = Registry("data", group="data")
 SPLITS = ("train", "val")
-PART_BYTES = 4 << 20  # a larger file is read in parts of about this size
-
-# Cutting at a newline between two non-space characters leaves byte-level BPE's
-# pre-tokenization unchanged, so the parts of a text encode to exactly the ids of the whole.
-SAFE_CUT = re.compile(r"(?<=\S)\n(?=\S)")
-# Pieces of a document, cut at `SAFE_CUT`s, encode to exactly the ids of the whole; they keep
-# the encoder's threads busy and the progress bar moving.
-PIECE_CHARS = 8192
-
-
-def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
-    """``text`` cut at the first `SAFE_CUT` after every ``size`` characters."""
-    out, start = [], 0
-    while len(text) - start > size:
-        m = SAFE_CUT.search(text, start + size)
-        if not m:
-            break
-        out.append(text[start:m.end()])
-        start = m.end()
-    out.append(text[start:])
-    return out
-
-
-@dataclass
-class Document:
-    """A document, or a part of one (``end`` False: more of the same document follows)."""
-
-    name: str
-    text: str
-    nbytes: int  # bytes of the source as stored, before any decoding repair
-    end: bool = True
-
-
-def hash_fraction(name: str) -> float:
-    """Where a document's name falls in [0, 1): the split's and the tokenizer sample's rule."""
-    return int(hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:15], 16) / 16**15
-
-
-def val_names(names: Sequence[str], val_fraction: float) -> set[str]:
-    """The names that are validation: hash below ``val_fraction``; with every name known, a
-    split left empty gets the lowest (or gives up the highest) hash."""
-    if len(names) < 2:
-        return set()
-    ranked = sorted(names, key=hash_fraction)
-    val = {n for n in names if hash_fraction(n) < val_fraction}
-    if not val:
-        val = {ranked[0]}
-    if len(val) == len(names):
-        val.discard(ranked[-1])
-    return val
-
-
-def read_parts(path: Path, name: str, start: int = 0, stop: int | None = None,
-               part_bytes: int = PART_BYTES) -> Iterator[Document]:
-    """The bytes [start, stop) of a file as documents parts of about ``part_bytes``, decoded as
-    UTF-8 (a few stdlib files are not: repaired, with the honest byte count), each part cut at a
-    `SAFE_CUT` (a part with none runs on to the next)."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with open(path, "rb") as f:
-        f.seek(start)
-        left = (os.fstat(f.fileno()).st_size if stop is None else stop) - start
-        text, nbytes = "", 0
-        while True:
-            raw = f.read(min(part_bytes, max(0, left)))
-            left -= len(raw)
-            last = not raw or left <= 0
-            text += decoder.decode(raw, final=last)
-            nbytes += len(raw)
-            if last:
-                yield Document(name, text, nbytes, end=True)
-                return
-            m = SAFE_CUT.search(text, max(0, len(text) - part_bytes // 2))
-            if m and m.end() < len(text):
-                head = text[:m.end()]
-                # the part's share of the source bytes: exact unless decoding repaired bytes
-                head_bytes = min(nbytes, len(head.encode("utf-8", "surrogatepass")))
-                yield Document(name, head, head_bytes, end=False)
-                text, nbytes = text[m.end():], nbytes - head_bytes
-
-
-def line_cut(path: Path, val_fraction: float) -> int:
-    """The byte offset where one file's validation part starts: after the first newline
-    past ``1 - val_fraction`` of its bytes."""
-    size = path.stat().st_size
-    cut = int(size * (1 - val_fraction))
-    with open(path, "rb") as f:
-        f.seek(cut)
-        while True:
-            block = f.read(1 << 16)
-            i = block.find(b"\n")
-            if i >= 0:
-                offset = cut + i + 1
-                return offset if offset < size else int(size * (1 - val_fraction))
-            if not block:
-                return int(size * (1 - val_fraction))
-            cut += len(block)
-
-
-def read_file(path: Path, root: Path | None = None) -> Document:
-    """One whole file as a document (``eval text=``: a file the user names)."""
-    raw = path.read_bytes()
-    name = str(path.relative_to(root)) if root else str(path)
-    return Document(name, raw.decode("utf-8", errors="replace"), len(raw))
-
-
 class Corpus:
     """A source of documents. A kind provides ``fingerprint`` and either ``files`` (a corpus
     of files, one document each) or its own ``stream`` and ``size``."""
@@ -154,7 +48,7 @@ class Corpus:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self._files: list[Path] | None = None
+        self._files: list[str] | None = None  # plain strings: a Path holds its parts too, 3-4x the memory
         self._val: set[str] | None = None
         self._root: Path | None = None
         self._split: dict[str, list] = {}
@@ -163,34 +57,35 @@ class Corpus:
         """What identifies this corpus's content, for the prepared-data cache key."""
         raise NotImplementedError
 
-    def files(self) -> list[Path]:
+    def files(self) -> list[str]:
+        """The corpus's files, sorted, as plain path strings (a corpus may hold 10^5 files)."""
         raise NotImplementedError
 
-    def name_of(self, path: Path) -> str:
+    def name_of(self, path: str) -> str:
         """A document's name: its path below the directory that holds every file of the
         corpus, so the split does not change when the corpus moves."""
         if self._root is None:
             files = self._listed()
-            self._root = Path(os.path.commonpath([p.parent for p in files])) if files else Path()
-        return path.relative_to(self._root).as_posix()
+            self._root = Path(os.path.commonpath([os.path.dirname(p) for p in files])) if files else Path()
+        return Path(path).relative_to(self._root).as_posix()
 
-    def _listed(self) -> list[Path]:
+    def _listed(self) -> list[str]:
         if self._files is None:
             self._files = self.files()
             if not self._files:
                 raise UserError("data: the corpus is empty: no documents were found")
         return self._files
 
-    def _split_files(self, split: str) -> list[tuple[Path, int, int | None]]:
+    def _split_files(self, split: str) -> list[tuple[str, int, int | None]]:
         """(file, first byte, end byte or None) of each document of ``split``, in name order."""
         if split not in self._split:
             self._split[split] = self._files_of(split)
         return self._split[split]
 
-    def _files_of(self, split: str) -> list[tuple[Path, int, int | None]]:
+    def _files_of(self, split: str) -> list[tuple[str, int, int | None]]:
         files = self._listed()
         if len(files) == 1:
-            cut = line_cut(files[0], self.cfg.val_fraction)
+            cut = line_cut(Path(files[0]), self.cfg.val_fraction)
             return [(files[0], 0, cut)] if split == "train" else [(files[0], cut, None)]
         if self._val is None:
             self._val = val_names([self.name_of(p) for p in files], self.cfg.val_fraction)
@@ -202,13 +97,13 @@ class Corpus:
         files = self._listed()
         for path, start, stop in self._split_files(split):
             name = self.name_of(path) + (":val" if len(files) == 1 and split == "val" else "")
-            yield from read_parts(path, name, start, stop)
+            yield from read_parts(Path(path), name, start, stop)
 
     def size(self, split: str) -> int | None:
         """The split's bytes, where known before reading it (for progress and sampling)."""
         total = 0
         for path, start, stop in self._split_files(split):
-            total += (path.stat().st_size if stop is None else stop) - start
+            total += (os.path.getsize(path) if stop is None else stop) - start
         return total
 
     def documents(self) -> Iterator[Document]:
@@ -217,10 +112,16 @@ class Corpus:
             yield from self.stream(split)
 
 
-def _files_fingerprint(files: list[Path]) -> dict[str, Any]:
+def path_order(path: str) -> list[str]:
+    """The order of `pathlib.Path` objects (part by part: ``a/b.py`` before ``a.b/c.py``) for
+    plain strings, so the files, their fingerprint and the token stream keep their order."""
+    return path.split(os.sep)
+
+
+def _files_fingerprint(files: list[str]) -> dict[str, Any]:
     h = hashlib.sha256()
     for p in files:
-        st = p.stat()
+        st = os.stat(p)
         h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return {"files": len(files), "digest": h.hexdigest()[:16]}
 
@@ -241,16 +142,16 @@ class PythonSource(Corpus):
             self._root = Path(self.cfg.root or sysconfig.get_paths()["stdlib"])
         return self._root
 
-    def files(self) -> list[Path]:
+    def files(self) -> list[str]:
         root = self.root()
         if not root.is_dir():
             raise UserError(f"data.root: {root} is not a directory")
-        return sorted(p for p in root.rglob("*.py")
-                      if not (set(p.relative_to(root).parts[:-1]) & self.SKIP_DIRS)
-                      and not p.name.startswith("test_"))
+        return sorted((str(p) for p in root.rglob("*.py")
+                       if not (set(p.relative_to(root).parts[:-1]) & self.SKIP_DIRS)
+                       and not p.name.startswith("test_")), key=path_order)
 
-    def name_of(self, path: Path) -> str:
-        return path.relative_to(self.root()).as_posix()
+    def name_of(self, path: str) -> str:
+        return Path(path).relative_to(self.root()).as_posix()
 
     def fingerprint(self) -> dict[str, Any]:
         return {"root": str(self.root()), "python": sys.version.split()[0], **_files_fingerprint(self._listed())}
@@ -277,18 +178,18 @@ class TextFiles(Corpus):
             if not self.paths:
                 raise ConfigError(f"{prefix}.paths: no files given; set {prefix}.paths=[file.txt,'dir/**/*.md']")
 
-    def files(self) -> list[Path]:
+    def files(self) -> list[str]:
         patterns = [self.cfg.paths] if isinstance(self.cfg.paths, str) else list(self.cfg.paths)
         if not patterns:
             raise ConfigError("data.paths: no files given; set data.paths=[file.txt,'dir/**/*.md']")
-        found: set[Path] = set()
+        found: set[str] = set()
         for pattern in patterns:
             pattern = os.path.expanduser(pattern)
-            matches = glob.glob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
-            found.update(Path(m).resolve() for m in matches if Path(m).is_file())
+            matches = glob.iglob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
+            found.update(os.path.realpath(m) for m in matches if os.path.isfile(m))
         if not found:
             raise UserError(f"data.paths: no files matched {patterns}")
-        return sorted(found)
+        return sorted(found, key=path_order)
 
     def fingerprint(self) -> dict[str, Any]:
         return _files_fingerprint(self._listed())

@@ -27,18 +27,35 @@ def _start(tokenizer: Any, eos_id: int | None, dtype: str, one_thread: bool = Tr
     _state.update(tok=tokenizer, eos_id=eos_id, dtype=np.dtype(dtype))
 
 
+SLICE_CHARS = 1 << 16  # text per call of the engine: what it returns (an Encoding per text) is held this long
+
+
 def encode_texts(texts: list[str], ends: list[bool]) -> np.ndarray:
-    """Token ids of ``texts`` in order, the separator after each text that ends a document."""
+    """Token ids of ``texts`` in order, the separator after each text that ends a document.
+    The engine sees the batch in slices of about `SLICE_CHARS`, each turned into ids at once:
+    its Encoding objects (ids, offsets, token strings for every token) cost some 100 bytes a
+    token, so a whole batch's would hold tens of MB per worker."""
     from llmlab.data.tokenizer import engine_errors
 
-    with engine_errors():
-        encoded = _state["tok"].encode_batch(texts, add_special_tokens=False)
-    eos, out = _state["eos_id"], []
-    for e, end in zip(encoded, ends):
-        out.extend(e.ids)
-        if end and eos is not None:
-            out.append(eos)
-    return np.asarray(out, dtype=_state["dtype"])
+    tok, eos, dtype = _state["tok"], _state["eos_id"], _state["dtype"]
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast: no offsets (tokenizers >= 0.20)
+    parts, start = [], 0
+    while start < len(texts):
+        stop, chars = start, 0
+        while stop < len(texts) and (chars < SLICE_CHARS or stop == start):
+            chars += len(texts[stop])
+            stop += 1
+        with engine_errors():
+            encoded = encode(texts[start:stop], add_special_tokens=False)
+        out: list[int] = []
+        for e, end in zip(encoded, ends[start:stop]):
+            out.extend(e.ids)
+            if end and eos is not None:
+                out.append(eos)
+        del encoded
+        parts.append(np.asarray(out, dtype=dtype))
+        start = stop
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
 @contextlib.contextmanager

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from llmlab.data.corpus import read_file
-from llmlab.data.corpus import pieces
+from llmlab.data.documents import pieces, read_file
 from llmlab.data.prepare import Prepared, cache_root, prepare
 from llmlab.errors import UserError
 

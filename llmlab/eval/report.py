@@ -5,10 +5,10 @@ at a token count every run reached (matched tokens), the cost card (parameters, 
 KV-cache bytes/token) and speed (training and decode tokens/s). Each group is then compared
 with a baseline group, paired by seed: the mean difference, with paired t-test and sign-test
 p-values from 3 seeds on. One PNG overlays the validation curves, mean over seeds with the
-min-max band. The grouping, the statistics and the writers of report.md/json share one
-module (about 350 lines), since each table is computed where it is written. A sweep with a
-budget axis and a size axis also gets a scaling section (`llmlab.eval.scaling_report`), and
-``select=best_lr`` keeps each cell's best learning rate before anything is compared.
+min-max band. The grouping, the statistics and the writers of report.md/json share one module,
+since each table is computed where it is written. A sweep with a budget axis and a size axis
+also gets a scaling section (`llmlab.eval.scaling_report`), and ``select=best_lr`` keeps each
+cell's best learning rate before anything is compared.
 """
 
 from __future__ import annotations
@@ -293,12 +293,12 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     from llmlab import console
     from llmlab.eval.plots import curves_plot
 
-    from llmlab.eval.scaling_report import LR_KEY, figure as scaling_figure, public, scaling_section, select_best_lr
+    from llmlab.eval import scaling_report as sr
 
     runs = find_runs(dirs)
     choices = None
     if select == "best_lr":
-        runs, choices = select_best_lr(runs)
+        runs, choices = sr.select_best_lr(runs)
     others = [read_overrides(path) for path in unfinished or {}]
     result = build_report(runs, baseline, others)
     if choices is not None:
@@ -306,11 +306,11 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
     out.mkdir(parents=True, exist_ok=True)
-    scaling = scaling_section(runs, {LR_KEY} if select == "best_lr" else set())
+    scaling = sr.scaling_section(runs, {sr.LR_KEY} if select == "best_lr" else set())
     scaled = None
     if scaling is not None:
-        result["scaling"] = public(scaling)
-        scaled = "scaling.png" if scaling_figure(scaling, out / "scaling.png") else None
+        result["scaling"] = sr.public(scaling)
+        scaled = "scaling.png" if sr.figure(scaling, out / "scaling.png") else None
     figure = None
     per_group = curves(runs, others)
     if per_group:
@@ -343,28 +343,8 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if result["comparisons"]:
         show.print(table(f"paired by seed against {result['baseline']}", COMPARE_COLUMNS, compare_rows(result)))
     if scaling is not None:
-        for line in scaling_lines(result["scaling"]):
+        for line in sr.scaling_lines(result["scaling"]):
             show.print(line, highlight=False)
     console.out.print(f"report: {out / 'report.md'}" + (f", {out / 'report.png'}" if figure else "")
                       + (f", {out / 'scaling.png'}" if scaled else ""))
     return result
-
-
-def scaling_lines(section: dict) -> list[str]:
-    """The scaling section in a few lines for the terminal (report.md has the tables)."""
-    out = []
-    for label, v in section["variants"].items():
-        if "surface" not in v:
-            out.append(f"scaling: {label}: {v['why']}")
-            continue
-        s = v["surface"]
-        optima = "; ".join(f"C={b['budget']:.2g}: N*={b['n_opt']:.3g}, L*={b['loss_opt']:.3f}"
-                           + (" (IsoFLOP grid off-centre)" if b["isoflop_off_centre"] else "") for b in v["per_budget"])
-        out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
-                   + (f" (on a bound: {', '.join(s['at_bounds'])})" if s.get("at_bounds") else "") + "; " + optima)
-    for c in section["crossings"]:
-        where = ("no crossing" if c["budget"] is None else f"cross at {c['budget']:.3g} FLOPs"
-                 + (" (extrapolated)" if c["extrapolated"] else ""))
-        out.append(f"scaling: {c['first']} vs {c['second']}: {where}; lower at the largest budget: "
-                   f"{c['lower_at_largest_budget']}")
-    return out

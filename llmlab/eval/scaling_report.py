@@ -277,3 +277,23 @@ def figure(section: dict, path: Path) -> Path | None:
     if not any(e["points"][0] for e in series.values()):
         return None
     return scaling_plot(series, path)
+
+
+def scaling_lines(section: dict) -> list[str]:
+    """The scaling section in a few lines for the terminal (report.md has the tables)."""
+    out = []
+    for label, v in section["variants"].items():
+        if "surface" not in v:
+            out.append(f"scaling: {label}: {v['why']}")
+            continue
+        s = v["surface"]
+        optima = "; ".join(f"C={b['budget']:.2g}: N*={b['n_opt']:.3g}, L*={b['loss_opt']:.3f}"
+                           + (" (IsoFLOP grid off-centre)" if b["isoflop_off_centre"] else "") for b in v["per_budget"])
+        out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
+                   + (f" (on a bound: {', '.join(s['at_bounds'])})" if s.get("at_bounds") else "") + "; " + optima)
+    for c in section["crossings"]:
+        where = ("no crossing" if c["budget"] is None else f"cross at {c['budget']:.3g} FLOPs"
+                 + (" (extrapolated)" if c["extrapolated"] else ""))
+        out.append(f"scaling: {c['first']} vs {c['second']}: {where}; lower at the largest budget: "
+                   f"{c['lower_at_largest_budget']}")
+    return out

@@ -5,7 +5,7 @@ the module that holds its classes (``impl``) only when a part is built.
 
 A new kind of part is its Config here, declared with ``@REGISTRY.option(name)``, and its
 class in the ``impl`` module, registered with ``@REGISTRY.register(name)``. The file grows by
-a few lines a kind (about 330 lines): the whole schema of the network reads in one place.
+a few lines a kind: the whole schema of the network reads in one place.
 """
 
 from __future__ import annotations

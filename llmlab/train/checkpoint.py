@@ -1,7 +1,8 @@
 """Checkpoints: one directory per save, written under a temporary name and renamed.
 
-The writer, the reader, the completeness rule and the recovery after a kill share this one
-module (about 350 lines), so the format has a single definition and they cannot drift apart.
+The writer and the reader live here; what makes a checkpoint complete (its required files
+and manifest) and the recovery after a kill live in `llmlab.train.recovery`, which both use,
+so the format has a single definition.
 
     step_000500/
       model.safetensors   weights (tied tensors stored once)
@@ -34,10 +35,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
-from llmlab.files import OLD, TMP, clean_stale, disk_error, owned_tmp_dir, replace_dir, writer_alive
+from llmlab.files import clean_stale, disk_error, owned_tmp_dir, replace_dir
+from llmlab.train.recovery import MANIFEST, completeness, fsync_dir
 
-REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
-MANIFEST = "manifest.json"
 TOKEN_COUNTS = "token_counts.safetensors"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -94,7 +94,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
         (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": step, "files": files}, indent=2))
         replace_dir(tmp, final)  # durable first; a re-save's old copy stays until the new one is in
-        _fsync_dir(ckpt_root)
+        fsync_dir(ckpt_root)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -112,86 +112,6 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
             if old != best:  # the last `keep` and the best by validation loss stay
                 shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not possible on every platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def completeness(path: Path, legacy: bool = True) -> str | None:
-    """None when ``path`` is a complete checkpoint, else what is wrong. Complete means: the
-    manifest, written last, lists files that are all there at their recorded sizes.
-    Checkpoints from before manifests count when every required file is there (``legacy``);
-    a save's temporary directory never does, since a save killed while copying its last
-    required file leaves every name in place with less than its content."""
-    path = Path(path)
-    manifest = path / MANIFEST
-    if not manifest.is_file() and not legacy:
-        return "no manifest.json: its save did not finish"
-    if not manifest.is_file():
-        missing = [f for f in REQUIRED if not (path / f).is_file()]
-        return f"no manifest.json, and missing {', '.join(missing)}" if missing else None
-    try:
-        files = json.loads(manifest.read_text())["files"]
-        files = {str(k): int(v) for k, v in files.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return "its manifest.json is unreadable"
-    for name, size in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"missing {name}"
-        if f.stat().st_size != size:
-            return f"{name} is truncated or corrupt: {f.stat().st_size:,} bytes, not the {size:,} its manifest records"
-    missing = [f for f in REQUIRED if f not in files]
-    return f"its manifest lacks {', '.join(missing)}" if missing else None
-
-
-def recover_checkpoints(ckpt_root: Path, locked: bool = True) -> list[str]:
-    """Called by the run directory's one writer before it trains: finish what a killed save
-    left half done. A complete copy under a temporary name (``.tmp-``: written, not yet
-    renamed; ``.old-``: moved aside for a re-save) takes the place of a missing or incomplete
-    ``step_N``; the rest of the leftovers go. ``locked``: the run's lock is held for real
-    (`RunLock.held`), which proves that no writer on another host is at work here; without it,
-    other hosts' temporaries stay (on a shared file system their writers may be alive). A
-    symbolic link is never followed or removed. Returns what it did, for the log."""
-    ckpt_root = Path(ckpt_root)
-    if not ckpt_root.is_dir():
-        return []
-    done = []
-    leftovers = [p for p in ckpt_root.iterdir() if p.name.startswith((TMP, OLD))]
-    for p in [p for p in leftovers if p.is_symlink()]:
-        done.append(f"left {p.name} alone: it is a symbolic link, not a directory llmlab wrote")
-    leftovers = [p for p in leftovers if not p.is_symlink() and p.is_dir()
-                 and (locked or not writer_alive(p.name, OLD if p.name.startswith(OLD) else TMP))]
-    leftovers.sort(key=lambda p: (not p.name.startswith(TMP), -p.stat().st_mtime))  # the newer copy first
-    for p in leftovers:
-        m = re.search(r"(step_\d+)", p.name)
-        if m and completeness(p, legacy=not p.name.startswith(TMP)) is None:
-            target = ckpt_root / m.group(1)
-            if not target.exists() or completeness(target) is not None:
-                if target.is_symlink():
-                    done.append(f"kept {p.name}: {target.name} is a symbolic link, which llmlab does not replace")
-                    continue
-                if target.exists():
-                    shutil.rmtree(target)
-                os.rename(p, target)
-                done.append(f"restored {target.name} from {p.name}")
-    for p in leftovers:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-            done.append(f"could not remove the leftover {p.name}" if p.exists() else f"removed the leftover {p.name}")
-    if done:
-        _fsync_dir(ckpt_root)
-    return done
 
 
 def best_checkpoint(ckpt_root: Path) -> Path | None:

@@ -4,7 +4,7 @@
 of its parts has a module of its own: `llmlab.train.meter` (the log window and records),
 `llmlab.train.evaluation`, `llmlab.train.resume` (checkpoints), `llmlab.train.stopping`
 (signals and budgets) and `llmlab.train.card` (the model card and the summary). What stays
-here (about 400 lines) is what reads and writes the trainer's own state: the build with the
+here is what reads and writes the trainer's own state: the build with the
 checks that belong to each of its steps, the step, and the writers of records and summary.
 """
 
@@ -28,7 +28,8 @@ from llmlab.sample.generate import decode_setting, decode_speed
 from llmlab.train import resume
 from llmlab.train.card import (DECODE_SETTING, finished_summary, model_card, print_done, print_model_card,
                                summarize)
-from llmlab.train.checkpoint import best_checkpoint, load_weights, recover_checkpoints, unique_names
+from llmlab.train.checkpoint import best_checkpoint, load_weights, unique_names
+from llmlab.train.recovery import recover_checkpoints
 from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
 from llmlab.train.distill import Distiller
 from llmlab.train.distributed import barrier, broadcast, gradient_sync, init_distributed, mean, shutdown, wrap_model

@@ -1,10 +1,12 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import llmlab.data.prepare as prep
-from llmlab.data.corpus import CORPUS, PythonSource, TextFiles, val_names
+from llmlab.data.corpus import CORPUS, PythonSource, TextFiles
+from llmlab.data.documents import val_names
 from llmlab.data.shards import ShardWriter, read_shard, token_dtype
 from llmlab.errors import UserError
 
@@ -136,7 +138,7 @@ def test_single_document_is_split_at_a_line(tmp_path):
 def test_a_large_file_streams_in_parts_that_encode_like_the_whole(tmp_path):
     """A file larger than a part is read in parts cut where byte-level BPE's pre-tokenization
     is unchanged, so memory holds one part and the ids equal those of the whole text."""
-    from llmlab.data.corpus import read_parts
+    from llmlab.data.documents import read_parts
 
     text = "".join(f"def f{i}(x):\n    return x * {i}  # café\n" for i in range(3000))
     (tmp_path / "big.py").write_text(text, encoding="utf-8")
@@ -155,7 +157,7 @@ def test_a_large_file_streams_in_parts_that_encode_like_the_whole(tmp_path):
 def test_pysource_lists_stdlib_without_tests():
     corpus = PythonSource(CORPUS.config({"kind": "pysource"}, "data"))
     files = corpus.files()
-    rel = [str(p.relative_to(corpus.root())) for p in files]
+    rel = [str(Path(p).relative_to(corpus.root())) for p in files]
     assert len(files) > 300
     assert "os.py" in rel and "json/decoder.py" in rel
     assert not any(part in ("test", "tests", "idle_test") for r in rel for part in r.split("/")[:-1])
@@ -209,3 +211,15 @@ def test_a_literal_separator_in_the_text_ends_a_document_and_is_not_learned(tmp_
     expected = [i for story in head.split("<|endoftext|>") if story for i in tok.encode(story) + [tok.eos_id]]
     assert np.asarray(p.tokens("train")).tolist() == expected
     assert head.count("<|endoftext|>") > 250
+
+
+def test_files_keep_the_order_of_paths():
+    """A corpus lists its files as plain strings (a Path object costs 3-4x the memory, at 10^5
+    files that is most of the main process) in the order Path objects had, part by part, so
+    the split, the cache key and the token stream are unchanged: ``a/b.py`` before ``a.b/c.py``."""
+    from llmlab.data.corpus import path_order
+    names = ["/a/b.py", "/a.b/c.py", "/a-b/x", "/a/b/c", "/a/b_c", "/ab/c"]
+    assert sorted(names, key=path_order) == [str(p) for p in sorted(Path(n) for n in names)]
+    assert sorted(names) != sorted(names, key=path_order)  # the plain string order differs here
+    corpus = PythonSource(CORPUS.config({"kind": "pysource"}, "data"))
+    assert corpus.files() == [str(p) for p in sorted(Path(f) for f in corpus.files())]

@@ -189,10 +189,50 @@ def test_the_tokenizer_learns_from_a_fixed_sample_within_its_budget(tmp_path, ca
     assert f"on {used / 1e6:,.1f} MB of {size / 1e6:,.1f} MB" in capsys.readouterr().out
 
 
+class Stage:
+    """A progress stage that adds up what it was told."""
+    done = 0
+
+    def update(self, nbytes, tokens=0, final=False):
+        self.done += nbytes
+
+
+class KilledWhileTraining:
+    """A tokenizer factory whose training process is killed, as the kernel's OOM killer would."""
+
+    def train_bytes(self):
+        return None
+
+    def make(self, texts):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_tokenizer_trained_in_a_child_process_is_the_one_trained_here(tmp_path):
+    """A corpus that is not small trains its tokenizer in a spawned child, whose memory goes
+    back to the system when it ends: the same vocabulary and merges, the same sample, and
+    the parent's progress follows the bytes the child read."""
+    from llmlab.data.corpus import CORPUS
+    from llmlab.data.tokenizer import TOKENIZER
+    from llmlab.data.train_tokenizer import train_tokenizer
+
+    corpus = CORPUS.build(CORPUS.config(write_docs(tmp_path, n=60), "data"))
+    factory = TOKENIZER.build(TOKENIZER.config({**BPE, "train_bytes": 40_000}, "tokenizer"))
+    results = {}
+    for in_child in (False, True):
+        stage = Stage()
+        tok, used = train_tokenizer(corpus, factory, stage, in_child=in_child)
+        results[in_child] = (tok.tok.to_str(), tok.eos_id, used)
+        assert stage.done == used["bytes"] and 20_000 < used["bytes"] < 50_000, (in_child, used)
+    assert results[True] == results[False]
+    # a child killed while training (out of memory) is one line that says what bounds its memory
+    with pytest.raises(UserError, match=r"^tokenizer: the process training it ended abruptly .*tokenizer.train_bytes"):
+        train_tokenizer(corpus, KilledWhileTraining(), Stage(), in_child=True)
+
+
 def test_a_resume_between_the_parts_of_a_document_keeps_its_separators():
     """A shard may end between two parts of one document; the next part may start with a
     literal separator, which ends the text before it only if the resume knows text was open."""
-    from llmlab.data.corpus import Document
+    from llmlab.data.documents import Document
 
     items = [Document("a", "xx", 2, end=False), Document("a", "<|endoftext|>yy", 15, end=False),
              Document("a", "zz<|endoftext|>", 15, end=True), Document("b", "w", 1)]

@@ -1,6 +1,6 @@
 import pytest
 
-from llmlab.data.corpus import pieces
+from llmlab.data.documents import pieces
 from llmlab.data.tokenizer import EOS, TOKENIZER, TextTokenizer, byte_to_unicode
 
 TEXTS = ["plain ASCII: def f(x): return x * 2\n", "Ünïcödé — ßtraße, naïve café, 日本語, Ελληνικά",

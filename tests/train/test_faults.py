@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from llmlab.errors import UserError
-from llmlab.train.checkpoint import (completeness, list_checkpoints, load_checkpoint, recover_checkpoints,
-                                     save_checkpoint)
+from llmlab.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from llmlab.train.recovery import completeness, recover_checkpoints
 from tests.conftest import REPO, SAMPLE_TEXTS, run_cli, tiny_model
 from tests.test_cli import TINY, one_line_error
 
