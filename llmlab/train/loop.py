@@ -191,7 +191,7 @@ class Trainer:
         loop, steps = self.loop, self.steps
         window, history = LogWindow(self.device, self.dist, self.carried_window), History(self.previous, loop.log_every)
         progress, stop = train_progress(console.out, steps), StopPolicy(loop, self.dist, self.device)
-        done, ckpt = self.start_step, (self.ckpt.path if self.ckpt is not None else None)
+        done, ckpt, stopping = self.start_step, (self.ckpt.path if self.ckpt is not None else None), None
         self.model.train()
         with progress, stop:
             task = progress.add_task("train", total=steps, status="", loss="", completed=done)
@@ -203,18 +203,20 @@ class Trainer:
                 done = step + 1
                 if done % loop.log_every == 0 or done == steps:
                     self._log(window, history, done, lr, grad_norm, ckpt, progress, task)
-                stop.check(done, steps)
+                # read once a step, agreed by every rank: a signal that lands later in this step
+                # is acted on after the next, so a stop always comes with its checkpoint
+                stopping = stop.check(done, steps)
                 if (loop.eval_every and done % loop.eval_every == 0) or done == steps:
                     window.pause(self._evaluate, done, history, progress)  # eval time is not training time
-                if (loop.ckpt_every and done % loop.ckpt_every == 0) or done == steps or stop.requested:
+                if (loop.ckpt_every and done % loop.ckpt_every == 0) or done == steps or stopping:
                     check_finite(float(mean(step_loss, self.dist)), done, ckpt)  # never save a diverged model
                     ckpt = window.pause(resume.save, self, done, window.carry())
                 progress.update(task, completed=done)
-                if stop.requested:
-                    progress.console.print(how_to_continue(stop.requested, done, ckpt, self.run_dir, self.in_sweep),
+                if stopping:
+                    progress.console.print(how_to_continue(stopping, done, ckpt, self.run_dir, self.in_sweep),
                                            style="yellow")
                     break
-        return self._finish(done, history, time.perf_counter() - stop.t_start, ckpt, stop.requested)
+        return self._finish(done, history, time.perf_counter() - stop.t_start, ckpt, stopping)
 
     def _nothing_to_do(self) -> bool:
         if self.finished is not None:

@@ -32,9 +32,12 @@ class StopPolicy:
                 self.requested = f"train.max_time={loop.max_time:g}s"
             elif loop.max_steps is not None and loop.max_steps <= done < steps:
                 self.requested = f"train.max_steps={loop.max_steps}"
-        if any_rank(bool(self.requested), self.dist, self.device) and not self.requested:
-            self.requested = "another rank"
-        return self.requested
+        reason = self.requested  # one read: a signal may set it while the ranks agree
+        if not any_rank(bool(reason), self.dist, self.device):
+            return None  # a signal that came since is acted on at the next check
+        if not reason:
+            reason = self.requested = self.requested or "another rank"
+        return reason
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:

@@ -138,6 +138,33 @@ def test_max_time_stops_and_saves(corpus_dir, tmp_path):
     assert summary["checkpoint"].endswith("step_000001")
 
 
+def test_a_signal_after_the_steps_stop_check_still_ends_with_a_checkpoint(corpus_dir, tmp_path, monkeypatch):
+    """SIGTERM delivered after step 3's stop check (while the progress bar updates) is acted on
+    at step 4's: the run saves step 4 and stops there, never without a checkpoint."""
+    import os
+    import signal
+
+    import llmlab.train.loop as loop_module
+
+    real = loop_module.train_progress
+
+    def progress(out, total):
+        bar = real(out, total)
+        update = bar.update
+
+        def update_then_signal(task, completed=None, **kwargs):
+            update(task, completed=completed, **kwargs)
+            if completed == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+        bar.update = update_then_signal
+        return bar
+
+    monkeypatch.setattr(loop_module, "train_progress", progress)
+    summary = run_training(config(corpus_dir, tmp_path, steps=1000, eval_every=0, ckpt_every=0), tmp_path / "run")
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 4
+    assert summary["checkpoint"].endswith("step_000004") and Path(summary["checkpoint"]).is_dir()
+
+
 def test_batch_tokens_sets_the_accumulation(corpus_dir, tmp_path):
     from llmlab.errors import ConfigError
     summary = run_training(config(corpus_dir, tmp_path, steps=2, batch_size=2, batch_tokens=256, eval_every=0),
