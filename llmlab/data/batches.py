@@ -37,10 +37,6 @@ class RandomWindows:
         starts = starts[self.rank * self.batch:(self.rank + 1) * self.batch]
         return torch.from_numpy(np.stack([self.tokens[s:s + self.block + 1] for s in starts]).astype(np.int64))
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        data = self.next_window()
-        return data[:, :-1], data[:, 1:]
-
     def state(self) -> dict:
         return self.rng.bit_generator.state
 

@@ -106,11 +106,6 @@ class Corpus:
             total += (os.path.getsize(path) if stop is None else stop) - start
         return total
 
-    def documents(self) -> Iterator[Document]:
-        """Every document, train then val."""
-        for split in SPLITS:
-            yield from self.stream(split)
-
 
 def path_order(path: str) -> list[str]:
     """The order of `pathlib.Path` objects (part by part: ``a/b.py`` before ``a.b/c.py``) for

@@ -149,7 +149,7 @@ class TokenizerFactory:
         """How much text training reads at most (None: everything)."""
         return None
 
-    def make(self, texts: Callable[[], Iterable[str]] | None = None, total: int | None = None) -> TextTokenizer:
+    def make(self, texts: Callable[[], Iterable[str]] | None = None) -> TextTokenizer:
         raise NotImplementedError
 
 
@@ -177,14 +177,14 @@ class ByteLevelBPE(TokenizerFactory):
     def needs_training(self) -> bool:
         return True
 
-    def make(self, texts=None, total=None) -> TextTokenizer:
+    def make(self, texts=None) -> TextTokenizer:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.Sequence([long_run_splitter(), pre_tokenizers.ByteLevel(add_prefix_space=False)])
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=self.cfg.vocab_size, min_frequency=self.cfg.min_frequency, special_tokens=[EOS],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator(texts(), trainer=trainer, length=total)
+        tok.train_from_iterator(texts(), trainer=trainer)
         return TextTokenizer(tok)
 
 
@@ -196,7 +196,7 @@ class ByteTokenizer(TokenizerFactory):
     class Config:
         kind: str = "byte"
 
-    def make(self, texts=None, total=None) -> TextTokenizer:
+    def make(self, texts=None) -> TextTokenizer:
         vocab = {ch: b for b, ch in byte_to_unicode().items()}
         tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -227,5 +227,5 @@ class PretrainedTokenizer(TokenizerFactory):
         return {"kind": "pretrained", "eos": self.cfg.eos,
                 "sha256": hashlib.sha256(self._path().read_bytes()).hexdigest()[:16]}
 
-    def make(self, texts=None, total=None) -> TextTokenizer:
+    def make(self, texts=None) -> TextTokenizer:
         return TextTokenizer.load(self._path(), self.cfg.eos)

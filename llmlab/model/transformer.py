@@ -64,7 +64,6 @@ class Transformer(nn.Module):
         m = spec.model
         self.objective = OBJECTIVE.build(spec.objective)
         self.vocab_size = spec.vocab_size
-        self.mask_id = spec.vocab_size if self.objective.extra_tokens() else None
         self.padded_vocab = round_up(spec.vocab_size + self.objective.extra_tokens(), m.vocab_multiple)
         self.max_seq_len = m.max_seq_len
         ffn_cls = FFN.get(spec.ffn.kind, "ffn.kind")

@@ -9,8 +9,9 @@ from llmlab.errors import UserError
 def test_random_windows_shapes_and_shift():
     tokens = np.arange(1000, dtype=np.uint16)
     s = RandomWindows(tokens, block=16, batch=4, seed=0)
-    x, y = s.next()
-    assert x.shape == y.shape == (4, 16)
+    window = s.next_window()
+    assert window.shape == (4, 17)  # inputs and targets: window[:, :-1] and window[:, 1:]
+    x, y = window[:, :-1], window[:, 1:]
     assert (y[:, :-1] == x[:, 1:]).all()
     assert (y == x + 1).all()  # consecutive tokens: the target is the next one
 
@@ -18,12 +19,12 @@ def test_random_windows_shapes_and_shift():
 def test_random_windows_resume_continues_the_stream():
     tokens = np.arange(1000, dtype=np.uint16)
     a = RandomWindows(tokens, 8, 2, seed=3)
-    a.next()
+    a.next_window()
     state = a.state()
-    expected = a.next()[0]
+    expected = a.next_window()
     b = RandomWindows(tokens, 8, 2, seed=3)
     b.load_state(state)
-    assert (b.next()[0] == expected).all()
+    assert (b.next_window() == expected).all()
 
 
 def test_ranks_split_one_global_batch_that_depends_only_on_the_seed():

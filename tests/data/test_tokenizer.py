@@ -11,7 +11,7 @@ TEXTS = ["plain ASCII: def f(x): return x * 2\n", "Ünïcödé — ßtraße, na�
 def bpe() -> TextTokenizer:
     cfg = TOKENIZER.config({"kind": "bpe", "vocab_size": 400, "min_frequency": 1}, "tokenizer")
     corpus = [t * 20 for t in TEXTS]
-    return TOKENIZER.build(cfg).make(lambda: iter(corpus), len(corpus))
+    return TOKENIZER.build(cfg).make(lambda: iter(corpus))
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,9 @@ def test_clm_targets_are_inputs_shifted():
 def test_mlm_model_is_bidirectional_and_has_a_mask_token():
     model = tiny_model(vocab_size=128)
     bert = tiny_model(vocab_size=128, objective={"kind": "mlm"})
-    assert bert.mask_id == 128 and bert.padded_vocab == 192  # one more id, padded to 64
-    assert model.mask_id is None and model.padded_vocab == 128
+    # [MASK] is id vocab_size: one more row, padded to a multiple of 64
+    assert bert.objective.extra_tokens() == 1 and bert.padded_vocab == 192
+    assert model.objective.extra_tokens() == 0 and model.padded_vocab == 128
     x = torch.randint(0, 128, (1, 12))
     x2 = x.clone()
     x2[0, 8] = (x2[0, 8] + 1) % 128
