@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from llmlab.errors import fail
+from llmlab.names import path_slug
 from llmlab.overrides import (expand_sweeps, hydra_overrides, keep_worker_ranks_out_of_outputs,
-                              name_sweep_runs_by_swept_keys, name_train_sweep_by_its_overrides, path_slug,
+                              name_sweep_runs_by_swept_keys, name_train_sweep_by_its_overrides,
                               paths_to_runs_override, quote_free_text, split_args)
 
 USAGE_COMMANDS = {
@@ -46,13 +48,6 @@ def register_parts(command: str | None = None) -> None:
     groups need, so ``report`` or ``export`` loads no torch before its work starts."""
     for name in [command] if command else USAGE_COMMANDS:
         importlib.import_module(f"llmlab.commands.{name}")
-
-
-def fail(message: str, code: int = 1) -> None:
-    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
-    sys.stderr.write(f"llmlab: error: {first}\n")
-    sys.stderr.flush()
-    raise SystemExit(code)
 
 
 def guarded(fn: Callable) -> Callable:

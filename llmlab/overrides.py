@@ -8,6 +8,8 @@ import itertools
 import re
 from pathlib import Path
 
+from llmlab.names import path_slug
+
 # Hydra flags that take a value, and flags after which no config checking makes sense.
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                 "--config-dir", "-cd", "--experimental-rerun"}
@@ -121,34 +123,6 @@ def paths_to_runs_override(args: list[str]) -> list[str]:
     if not paths:
         return rest
     return add_overrides(rest, [f"runs=[{','.join(hydra_quote(p) for p in paths)}]"])
-
-
-def compact_number(m: re.Match) -> str:
-    """``100000000.0`` -> ``1e8``, ``3000000`` -> ``3e6``: a budget keeps its digits in a name."""
-    plain = m.group(0)[:-2] if m.group(0).endswith(".0") else m.group(0)
-    value = float(plain)
-    if value >= 1e6:
-        mantissa, exponent = f"{value:e}".split("e")
-        short = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-        return short if len(short) < len(plain) else plain
-    return plain
-
-
-def compact_override(override: str) -> str:
-    """``train.max_flops=1000000000000.0`` (a sweep's expansion of ``1e12``) -> ``train.max_flops=1e12``:
-    how a report labels a run, so a swept value and a typed one read (and group) alike."""
-    key, sep, value = override.partition("=")
-    return key + sep + re.sub(r"^\d+(\.0)?$", compact_number, value) if sep else override
-
-
-def path_slug(text: str, limit: int = 120) -> str:
-    """A short, path-safe form of a job's overrides for its sweep directory name; large round
-    numbers in their short form (``train.max_flops=1e8``). ``limit`` leaves room for four swept
-    keys (variant, size, budget, seed: about 75 characters) within a file name's 255."""
-    text = re.sub(r"(?<==)\d+(\.0)?(?=,|_|$)", compact_number, str(text))
-    text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", text.replace("/", "-"))
-    text = re.sub(r"-{2,}", "-", text).strip("-")
-    return text[:limit].rstrip("-,") or "defaults"
 
 
 def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:

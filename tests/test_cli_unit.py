@@ -30,7 +30,7 @@ def test_hydra_overrides_are_picked_out_for_their_own_check():
 
 
 def test_sweep_dir_names_are_short_and_path_safe():
-    from llmlab.overrides import path_slug
+    from llmlab.names import path_slug
     assert path_slug("model/attention=mla,seed=1") == "model-attention=mla,seed=1"
     assert path_slug("data.paths=[/tmp/a b/*.txt],optim.lr=0.001") == "data.paths=-tmp-a-b-.txt-,optim.lr=0.001"
     from llmlab.overrides import name_sweep_runs_by_swept_keys

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.errors import UserError
-from llmlab.overrides import compact_override
+from llmlab.names import compact_override
 
 @dataclass
 class Run:

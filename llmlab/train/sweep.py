@@ -59,8 +59,7 @@ class SweepReport(Callback):
         if not is_rank_zero():
             return
         from llmlab import console
-        from llmlab.cli import fail
-        from llmlab.errors import UserError
+        from llmlab.errors import UserError, fail
         from llmlab.eval.report import write_report
         from llmlab.eval.runs import natural_key
 
