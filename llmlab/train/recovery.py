@@ -19,6 +19,7 @@ from llmlab.files import OLD, TMP, writer_alive
 
 REQUIRED = ("model.safetensors", "model.json", "state.json", "config.yaml", "tokenizer.json")
 MANIFEST = "manifest.json"
+STEP_IN_NAME = re.compile(r"step_(\d+)")  # a checkpoint's name, or a leftover's that carries it
 
 
 def fsync_dir(path: Path) -> None:
@@ -81,9 +82,9 @@ def recover_checkpoints(ckpt_root: Path, locked: bool = True) -> list[str]:
                  and (locked or not writer_alive(p.name, OLD if p.name.startswith(OLD) else TMP))]
     leftovers.sort(key=lambda p: (not p.name.startswith(TMP), -p.stat().st_mtime))  # the newer copy first
     for p in leftovers:
-        m = re.search(r"(step_\d+)", p.name)
+        m = STEP_IN_NAME.search(p.name)
         if m and completeness(p, legacy=not p.name.startswith(TMP)) is None:
-            target = ckpt_root / m.group(1)
+            target = ckpt_root / m.group(0)
             if not target.exists() or completeness(target) is not None:
                 if target.is_symlink():
                     done.append(f"kept {p.name}: {target.name} is a symbolic link, which llmlab does not replace")

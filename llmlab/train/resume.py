@@ -4,7 +4,6 @@ that decides the next step, and saving (every rank takes part; rank 0 writes).""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -16,8 +15,7 @@ from llmlab.train.checkpoint import Checkpoint, latest_in_run, load_checkpoint, 
 from llmlab.train.distributed import (barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       load_optimizer_state)
 from llmlab.train.loggers import JsonlWriter
-
-STEP_IN_NAME = re.compile(r"step_(\d+)")
+from llmlab.train.recovery import STEP_IN_NAME
 
 
 def resume_checkpoint(loop, run_dir: Path, rid: str) -> Checkpoint | None:

@@ -215,15 +215,18 @@ def test_a_tokenizer_trained_in_a_child_process_is_the_one_trained_here(tmp_path
     from llmlab.data.tokenizer import TOKENIZER
     from llmlab.data.train_tokenizer import train_tokenizer
 
-    corpus = CORPUS.build(CORPUS.config(write_docs(tmp_path, n=60), "data"))
+    rows = tmp_path / "rows.jsonl"  # a datasets corpus reaches the child too (pickled, reopened there)
+    rows.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 30}) + "\n" for i in range(300)))
     factory = TOKENIZER.build(TOKENIZER.config({**BPE, "train_bytes": 40_000}, "tokenizer"))
-    results = {}
-    for in_child in (False, True):
-        stage = Stage()
-        tok, used = train_tokenizer(corpus, factory, stage, in_child=in_child)
-        results[in_child] = (tok.tok.to_str(), tok.eos_id, used)
-        assert stage.done == used["bytes"] and 20_000 < used["bytes"] < 50_000, (in_child, used)
-    assert results[True] == results[False]
+    for data in (write_docs(tmp_path, n=60), {"kind": "hf", "path": str(rows)}):
+        corpus = CORPUS.build(CORPUS.config(data, "data"))
+        results = {}
+        for in_child in (False, True):
+            stage = Stage()
+            tok, used = train_tokenizer(corpus, factory, stage, in_child=in_child)
+            results[in_child] = (tok.tok.to_str(), tok.eos_id, used)
+            assert stage.done == used["bytes"] and 20_000 < used["bytes"] < 50_000, (data["kind"], in_child, used)
+        assert results[True] == results[False], data["kind"]
     # a child killed while training (out of memory) is one line that says what bounds its memory
     with pytest.raises(UserError, match=r"^tokenizer: the process training it ended abruptly .*tokenizer.train_bytes"):
         train_tokenizer(corpus, KilledWhileTraining(), Stage(), in_child=True)
