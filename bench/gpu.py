@@ -78,7 +78,7 @@ def main() -> None:
         from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        from llmlab.cli import conf_dir
+        from llmlab.paths import conf_dir
         from llmlab.data.prepare import prepare
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = OmegaConf.to_container(compose("train", overrides), resolve=True)

@@ -39,7 +39,7 @@ def config(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from llmlab.cli import conf_dir
+    from llmlab.paths import conf_dir
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return OmegaConf.to_container(compose("train", overrides), resolve=True)
 

@@ -65,7 +65,7 @@ def main() -> None:
         from omegaconf import OmegaConf
 
         from bench.plain import eval_plain, train_plain
-        from llmlab.cli import conf_dir
+        from llmlab.paths import conf_dir
         from llmlab.data.prepare import prepare
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = OmegaConf.to_container(compose("train", ["model=gpt2", *SHAPE, *base]), resolve=True)

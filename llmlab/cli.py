@@ -16,6 +16,7 @@ from typing import Callable, NoReturn
 
 from llmlab.errors import fail
 from llmlab.names import path_slug
+from llmlab.paths import conf_dir
 from llmlab.overrides import (expand_sweeps, hydra_overrides, keep_worker_ranks_out_of_outputs,
                               name_sweep_runs_by_swept_keys, name_train_sweep_by_its_overrides,
                               paths_to_runs_override, quote_free_text, split_args)
@@ -33,21 +34,16 @@ USAGE = "usage: llmlab <command> [key=value ...] [-m] [--cfg job] [--help]\n\nco
     f"  {name:<9} {line}\n" for name, line in USAGE_COMMANDS.items()) + (
     "\n`llmlab <command> --help` shows the command's config groups and settings.\n")
 
-def conf_dir() -> Path:
-    """conf/ ships inside the package as llmlab/conf; in a source checkout it is ../conf."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "train.yaml").is_file():
-            return candidate
-    raise RuntimeError("llmlab's conf/ directory is missing from this installation")
-
-
 def register_parts(command: str | None = None) -> None:
     """Fill Hydra's ConfigStore with what ``command`` composes (all commands' by default): its
-    schema and its groups' registered options. Each command module imports the registries its
-    groups need, so ``report`` or ``export`` loads no torch before its work starts."""
+    schema and its groups' registered options, those written as one file in a family's
+    package included. Each command module imports the registries its groups need, so
+    ``report`` or ``tokenize`` loads no torch before its work starts."""
+    from llmlab.registry import Registry
+
     for name in [command] if command else USAGE_COMMANDS:
         importlib.import_module(f"llmlab.commands.{name}")
+    Registry.load_all()
 
 
 def guarded(fn: Callable) -> Callable:

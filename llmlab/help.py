@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from llmlab.cli import conf_dir
+from llmlab.paths import conf_dir
 
 def command_help(command: str) -> str:
     """A command's ``--help``: its own config groups, each option with its one-line description

@@ -1,11 +1,17 @@
-"""How runs are named: a sweep job's directory (`path_slug`) and a report's label
-(`compact_override`) write a sweep's expansion of a large round number short (``1e12``, not
-``1000000000000.0``), so a swept value and a typed one read alike. The CLI names directories
-with these and the report reads them back, so they sit below both."""
+"""How runs and their settings are named: a sweep job's directory (`path_slug`) and a
+report's label (`compact_override`) write a sweep's expansion of a large round number short
+(``1e12``, not ``1000000000000.0``), so a swept value and a typed one read alike; a FLOP budget
+is spelt ``6e15`` or ``1e15*6`` (`parse_flops`); two runs that train the same thing share a
+`run_id`. The CLI and training write these and the report reads them back, so they sit below
+all three."""
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any, Mapping
+
+from llmlab.errors import ConfigError
 
 
 def compact_number(m: re.Match) -> str:
@@ -34,3 +40,41 @@ def path_slug(text: str, limit: int = 120) -> str:
     text = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", text.replace("/", "-"))
     text = re.sub(r"-{2,}", "-", text).strip("-")
     return text[:limit].rstrip("-,") or "defaults"
+
+
+FLOPS_TEXT = re.compile(r"^\s*[0-9.eE+-]+(\s*\*\s*[0-9.eE+-]+)*\s*$")
+
+
+def parse_flops(value: Any, key: str) -> float:
+    """A FLOP budget from a number or a product such as ``1e15*6``; > 0."""
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str) and FLOPS_TEXT.match(value):
+        try:
+            number = math.prod(float(f) for f in value.split("*"))
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise ConfigError(f"{key}: must be a number of FLOPs such as 6e15 or 1e15*6, got {value!r}")
+    if number <= 0:
+        raise ConfigError(f"{key}: must be > 0, got {number:g}")
+    return number
+
+
+# Keys that change how a run is watched or where it runs, not what it computes: they stay out
+# of the run id, so a run can be resumed with another log interval, device or time budget.
+RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
+RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
+                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss"}
+
+
+def run_id(cfg: Mapping[str, Any]) -> str:
+    """A short hash of the resolved config: equal for two runs that train the same thing."""
+    import hashlib
+    import json
+
+    kept = {k: v for k, v in cfg.items() if k not in RUN_ID_IGNORES}
+    kept["train"] = {k: v for k, v in dict(cfg.get("train") or {}).items() if k not in RUN_ID_IGNORES_TRAIN}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

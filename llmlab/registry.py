@@ -191,6 +191,7 @@ class Registry:
     (``--cfg job``, ``--help``, a mistake's one-line error) imports no torch."""
 
     by_group: dict[str, "Registry"] = {}
+    every: list["Registry"] = []
 
     def __init__(self, family: str, group: str | None = None, package: str | None = None, kind_key: str = "kind",
                  impl: str | None = None):
@@ -202,6 +203,8 @@ class Registry:
         self._configs: dict[str, type] = {}
         self._entries: dict[str, type] = {}
         self._on_register: list[Callable[[str, type], None]] = []
+        self._loaded = impl is None
+        Registry.every.append(self)
         if group is not None:
             Registry.by_group[group] = self
 
@@ -249,18 +252,36 @@ class Registry:
             hook(name, config)
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._configs)
 
     def _load(self) -> None:
-        if self.impl is not None and len(self._entries) < len(self._configs):
-            import importlib
-            importlib.import_module(self.impl)
+        """Import ``impl`` and, where it is a package, every module in it: a kind written as
+        one file there (its class with a nested Config) is found with no other edit."""
+        if self._loaded:
+            return
+        import importlib
+        import pkgutil
+
+        self._loaded = True
+        module = importlib.import_module(self.impl)
+        for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{self.impl}.{info.name}")
+
+    @classmethod
+    def load_all(cls) -> None:
+        """Every registry's kinds, so Hydra's ConfigStore offers them all (before composing)."""
+        for registry in list(cls.every):
+            registry._load()
 
     def items(self) -> list[tuple[str, type]]:
         self._load()
         return sorted(self._entries.items())
 
     def __contains__(self, name: str) -> bool:
+        if name not in self._configs:
+            self._load()
         return name in self._configs
 
     def _unknown(self, name: str, key: str | None) -> ConfigError:
@@ -269,7 +290,7 @@ class Registry:
 
     def config_of(self, name: str, key: str | None = None) -> type:
         """Variant ``name``'s Config dataclass (importing no class)."""
-        if name not in self._configs:
+        if name not in self:
             raise self._unknown(name, key)
         return self._configs[name]
 
@@ -282,8 +303,7 @@ class Registry:
     def get(self, name: str, key: str | None = None) -> type:
         """Variant ``name``'s class."""
         self.config_of(name, key)
-        if name not in self._entries:
-            self._load()
+        self._load()
         if name not in self._entries:
             raise TypeError(f"{self.family} '{name}' has a Config but no registered class in {self.impl}")
         return self._entries[name]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmlab.cli import conf_dir, register_parts
+from llmlab.cli import register_parts
+from llmlab.paths import conf_dir
 from llmlab.registry import Registry
 
 register_parts()

@@ -28,7 +28,7 @@ def test_default_model_learns_the_stdlib(tmp_path):
 def _presets():
     from pathlib import Path
 
-    from llmlab.cli import conf_dir
+    from llmlab.paths import conf_dir
     return sorted(p.stem for p in (Path(conf_dir()) / "model").glob("*.yaml"))
 
 

@@ -33,7 +33,7 @@ def setting_apart(overrides: list[str]) -> list[str]:
     """Overrides that can set a group apart: all but ``seed`` and the keys that only change
     how a run is watched or where it runs (logger, log intervals, prompts, sample lengths,
     device...), which the run id leaves out too."""
-    from llmlab.train.settings import RUN_ID_IGNORES, RUN_ID_IGNORES_TRAIN
+    from llmlab.names import RUN_ID_IGNORES, RUN_ID_IGNORES_TRAIN
 
     def watch_only(key: str) -> bool:
         parts = key.lstrip("+~").split("/")[0].split(".")

@@ -16,7 +16,7 @@ import numpy as np
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval import scaling as sc
 from llmlab.eval.runs import Run
-from llmlab.train.settings import parse_flops
+from llmlab.names import parse_flops
 
 BUDGET_KEY = "train.max_flops"
 LR_KEY = "optim.lr"

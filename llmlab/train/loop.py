@@ -39,7 +39,8 @@ from llmlab.train.meter import History, LogWindow, train_progress
 from llmlab.train.mfu import device_peak_flops, raise_device_peak
 from llmlab.train.optim import build_optimizer
 from llmlab.train.schedule import SCHEDULE
-from llmlab.train.settings import check_train_config, run_id
+from llmlab.names import run_id
+from llmlab.train.settings import check_train_config
 from llmlab.train.stopping import StopPolicy, check_finite, how_to_continue
 
 

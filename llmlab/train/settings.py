@@ -5,7 +5,6 @@ import it."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -13,6 +12,7 @@ from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
+from llmlab.names import parse_flops
 from llmlab.registry import choice, parse_dataclass, section, store_schema
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
@@ -82,26 +82,6 @@ class LoopConfig:
                                   "tokens/step)")
             return math.ceil(self.max_flops / per_step)
         return self.steps
-
-
-FLOPS_TEXT = re.compile(r"^\s*[0-9.eE+-]+(\s*\*\s*[0-9.eE+-]+)*\s*$")
-
-
-def parse_flops(value: Any, key: str) -> float:
-    """A FLOP budget from a number or a product such as ``1e15*6``; > 0."""
-    number = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str) and FLOPS_TEXT.match(value):
-        try:
-            number = math.prod(float(f) for f in value.split("*"))
-        except ValueError:
-            number = None
-    if number is None or not math.isfinite(number):
-        raise ConfigError(f"{key}: must be a number of FLOPs such as 6e15 or 1e15*6, got {value!r}")
-    if number <= 0:
-        raise ConfigError(f"{key}: must be > 0, got {number:g}")
-    return number
 
 
 DATA = ("corpus", "teacher")
@@ -214,21 +194,3 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
 
     check_sizes(job.spec)
     return job
-
-
-# Keys that change how a run is watched or where it runs, not what it computes: they stay out
-# of the run id, so a run can be resumed with another log interval, device or time budget.
-RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
-RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
-                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss"}
-
-
-def run_id(cfg: Mapping[str, Any]) -> str:
-    """A short hash of the resolved config: equal for two runs that train the same thing."""
-    import hashlib
-    import json
-
-    kept = {k: v for k, v in cfg.items() if k not in RUN_ID_IGNORES}
-    kept["train"] = {k: v for k, v in dict(cfg.get("train") or {}).items() if k not in RUN_ID_IGNORES_TRAIN}
-    text = json.dumps(kept, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]

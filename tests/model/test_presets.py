@@ -6,7 +6,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from llmlab.cli import conf_dir, register_parts
+from llmlab.cli import register_parts
+from llmlab.paths import conf_dir
 from llmlab.model.attention import ATTENTION
 from llmlab.model.transformer import ModelSpec, Transformer
 

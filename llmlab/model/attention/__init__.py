@@ -276,7 +276,3 @@ class QKNormAttention(GroupedQueryAttention):
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor]:
         return super().rotate(self.q_norm(q), self.k_norm(k), rotary)
-
-
-# MLA lives in its own module; importing it here registers it with the others.
-from llmlab.model import mla  # noqa: E402,F401  (registers "mla")
