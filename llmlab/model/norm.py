@@ -1,23 +1,24 @@
-"""Normalisation layers (``norm.kind``)."""
+"""Normalisation layers (``norm.kind``), built from the ``norm`` section and a width:
+``NORM.build(norm_cfg, d)``."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from llmlab.model.config import NORM
+from llmlab.model.config import NORM, NormConfig
 
 
 @NORM.register("rmsnorm")
 class RMSNorm(nn.RMSNorm):
     """Zhang & Sennrich 2019: scale by the root mean square, no centring, no bias."""
 
-    def __init__(self, d_model: int, eps: float):
-        super().__init__(d_model, eps=eps)
+    def __init__(self, cfg: NormConfig, d_model: int):
+        super().__init__(d_model, eps=cfg.eps)
 
 
 @NORM.register("layernorm")
 class LayerNorm(nn.LayerNorm):
     """Ba et al. 2016."""
 
-    def __init__(self, d_model: int, eps: float):
-        super().__init__(d_model, eps=eps)
+    def __init__(self, cfg: NormConfig, d_model: int):
+        super().__init__(d_model, eps=cfg.eps)

@@ -40,7 +40,7 @@ class MTPHead(nn.Module):
     def __init__(self, d_model: int, norm_cfg: NormConfig, bias: bool):
         super().__init__()
         self.proj = nn.Linear(d_model, d_model, bias=bias)
-        self.norm = NORM.get(norm_cfg.kind)(d_model, norm_cfg.eps)
+        self.norm = NORM.build(norm_cfg, d_model)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.norm(self.proj(h))
@@ -54,7 +54,7 @@ def check_sizes(spec: ModelSpec) -> None:
     causal = OBJECTIVE.build(spec.objective).causal
     with torch.device("meta"):
         ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias, causal=causal)
-        FFN.get(spec.ffn.kind, "ffn.kind").from_config(spec.ffn, m.d_model, m.bias)
+        FFN.build(spec.ffn, m.d_model, m.bias)
 
 
 class Transformer(nn.Module):
@@ -66,16 +66,14 @@ class Transformer(nn.Module):
         self.vocab_size = spec.vocab_size
         self.padded_vocab = round_up(spec.vocab_size + self.objective.extra_tokens(), m.vocab_multiple)
         self.max_seq_len = m.max_seq_len
-        ffn_cls = FFN.get(spec.ffn.kind, "ffn.kind")
-        block_cls = BLOCK.get(spec.norm.placement, "norm.placement")
-
         self.embed = nn.Embedding(self.padded_vocab, m.d_model)
         self.pos = POSITION.build(spec.pos, m.d_model, m.max_seq_len)
         self.blocks = nn.ModuleList(
-            block_cls(ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias, causal=self.objective.causal),
-                      ffn_cls.from_config(spec.ffn, m.d_model, m.bias), spec.norm, m.d_model)
+            BLOCK.build(spec.norm,
+                        ATTENTION.build(spec.attention, m.d_model, m.n_heads, bias=m.bias, causal=self.objective.causal),
+                        FFN.build(spec.ffn, m.d_model, m.bias), m.d_model)
             for _ in range(m.n_layers))
-        self.norm = NORM.get(spec.norm.kind)(m.d_model, spec.norm.eps) if block_cls.final_norm else nn.Identity()
+        self.norm = NORM.build(spec.norm, m.d_model) if self.blocks[0].final_norm else nn.Identity()
         self.lm_head = nn.Linear(m.d_model, self.padded_vocab, bias=False)
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -103,14 +101,13 @@ class Transformer(nn.Module):
         and ``out.logits`` is None."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
-        if self.pos.bounded:
-            self.pos.check_end(start + T)
+        self.pos.check_end(start + T)
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.pos.embed(self.embed(idx), positions)  # (B, T, d)
-        rotary = self.pos.rotary(positions)
+        pos = self.pos.view(positions)  # what attention asks of the position scheme this pass
         all_weights = []
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, rotary, positions, cache.layers[i] if cache is not None else None, need_weights)
+            x, weights = block(x, pos, positions, cache.layers[i] if cache is not None else None, need_weights)
             all_weights.append(weights)
         if cache is not None:
             cache.pos += T
@@ -154,16 +151,16 @@ class Transformer(nn.Module):
         return [self.lm_head(head(h)) for head in self.mtp]
 
     def aux_losses(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Auxiliary losses that parts computed in the last forward (MoE load balance): the
-        weighted losses of all layers summed into the training loss, the logged values
-        averaged over layers."""
-        parts = [blk.ffn.take_aux() for blk in self.blocks]
-        parts = [p for p in parts if p]
+        """Auxiliary losses that parts computed in the last forward (MoE load balance), under
+        each FFN kind's ``aux_name``: the weighted losses of all layers summed into the
+        training loss, the logged values averaged over layers."""
+        parts = [(blk.ffn.aux_name, blk.ffn.take_aux()) for blk in self.blocks]
+        parts = [(name, p) for name, p in parts if p]
         if not parts:
             return {}
-        keys = parts[0].keys()
-        return {"moe": {k: torch.stack([p[k] for p in parts]).mean() if k != "weighted"
-                        else torch.stack([p[k] for p in parts]).sum() for k in keys}}
+        name, keys = parts[0][0], parts[0][1].keys()
+        return {name: {k: torch.stack([p[k] for _, p in parts]).mean() if k != "weighted"
+                       else torch.stack([p[k] for _, p in parts]).sum() for k in keys}}
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                   slack: int = 0) -> ModelCache:

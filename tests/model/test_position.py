@@ -11,7 +11,7 @@ from tests.conftest import tiny_model
 def test_rope_preserves_norms():
     q = torch.randn(2, 3, 10, 16)
     rot = RotaryAngles(torch.arange(10), 10000.0)
-    assert torch.allclose(rot.apply(q).norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert torch.allclose(rot.rotate(q).norm(dim=-1), q.norm(dim=-1), atol=1e-5)
 
 
 def test_rope_dot_product_depends_only_on_offset():
@@ -19,8 +19,8 @@ def test_rope_dot_product_depends_only_on_offset():
     q, k = torch.randn(16), torch.randn(16)
 
     def score(m, n):
-        rq = RotaryAngles(torch.tensor([m]), 10000.0).apply(q.view(1, 1, 1, 16))
-        rk = RotaryAngles(torch.tensor([n]), 10000.0).apply(k.view(1, 1, 1, 16))
+        rq = RotaryAngles(torch.tensor([m]), 10000.0).rotate(q.view(1, 1, 1, 16))
+        rk = RotaryAngles(torch.tensor([n]), 10000.0).rotate(k.view(1, 1, 1, 16))
         return (rq * rk).sum().item()
 
     assert score(5, 2) == pytest.approx(score(103, 100), abs=1e-4)
@@ -34,7 +34,7 @@ def test_rope_frequencies_span_one_head_and_are_shared_by_heads():
     head_dim, heads, theta = 8, 4, 10000.0
     pos = torch.arange(6)
     x = torch.randn(1, 1, 6, head_dim).expand(1, heads, 6, head_dim).contiguous()
-    out = RotaryAngles(pos, theta).apply(x)
+    out = RotaryAngles(pos, theta).rotate(x)
     for h in range(1, heads):
         assert torch.allclose(out[:, h], out[:, 0])  # same input, same rotation in every head
     # pair (i, i + Dh/2) at position p turns by p * theta^(-2i/Dh)

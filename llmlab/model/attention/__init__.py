@@ -16,7 +16,6 @@ from torch import nn
 
 from llmlab.errors import ConfigError
 from llmlab.model.cache import KVCache, RollingKVCache
-from llmlab.model.norm import RMSNorm
 from llmlab.model.config import ATTENTION
 
 # `enable_gqa` lets SDPA broadcast shared KV heads without copying them (torch >= 2.5).
@@ -60,11 +59,13 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool,
 
 
 def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T * scale + mask) v, returning the weights too. q: (B, H, Tq, D);
-    scale defaults to 1 / sqrt(D)."""
+                   scale: float | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale + bias, masked) v, returning the weights too. q: (B, H, Tq, D);
+    scale defaults to 1 / sqrt(D); bias (H, Tq, Tk) or None."""
     scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
     scores = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias.float()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
@@ -72,14 +73,17 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 
 class Attention(nn.Module):
-    """What every attention kind provides. Shapes: ``x`` (B, T, d_model); ``positions`` (T,)
-    absolute positions of x's tokens; ``rotary`` the position module's rotation (a no-op
-    without RoPE); ``cache`` the kind's own decode cache (`new_cache`) or None. ``forward``
-    returns (B, T, d_model) and, with ``need_weights``, the weights (B, H, T, Tk), else None.
+    """What every attention kind provides. Built as ``cls(cfg, d_model, n_heads, bias=,
+    causal=)``. Shapes: ``x`` (B, T, d_model); ``pos`` the position scheme's `PositionView`
+    for this pass (it rotates queries and keys, and may bias the scores; `sdpa` asks it);
+    ``positions`` (T,) absolute positions of x's tokens; ``cache`` the kind's own decode cache
+    (`new_cache`) or None. ``forward`` returns (B, T, d_model) and, with ``need_weights``, the
+    weights (B, H, T, Tk), else None.
 
     A kind subclasses this (or `GroupedQueryAttention`, whose forward is three seams:
     `project`, `rotate`, `attend`) and registers with ``@ATTENTION.register(name)``; its Config
-    is an option declared in `llmlab.model.config`."""
+    is nested in it, or an option declared in `llmlab.model.config`. A kind can be one file in
+    this package."""
 
     #: settings that keep a test model small (tests build every registered kind with them)
     test_settings: dict = {}
@@ -88,7 +92,7 @@ class Attention(nn.Module):
         super().__init__()
         self.causal = causal
 
-    def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache=None,
+    def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache=None,
                 need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
@@ -120,17 +124,21 @@ class Attention(nn.Module):
         (None: nothing to say). Printed at the start of a run and marked in reports."""
         return None
 
-    def sdpa(self, q, k, v, q_pos, k_pos, need_weights: bool, scale: float | None = None, **kwargs):
-        """Attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D) under this kind's mask:
-        the fused kernels where they can (an aligned causal mask as a flag, one new query with
-        no mask at all), the math path with weights where asked."""
+    def sdpa(self, q, k, v, q_pos, k_pos, need_weights: bool, pos, scale: float | None = None, **kwargs):
+        """Attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D) under this kind's mask
+        and the position scheme's score bias, if any: the fused kernels where they can (an
+        aligned causal mask as a flag, one new query with no mask at all), the math path with
+        weights where asked."""
         Tq, Tk = q.shape[2], k.shape[2]
         window = self.window()
         mask = attention_mask(q_pos, k_pos, self.causal, window)
+        bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk) or None
         if need_weights:
-            return math_attention(q, k, v, mask, scale)
+            return math_attention(q, k, v, mask, scale, bias)
         is_causal = False
-        if self.causal and window is None:
+        if bias is not None:  # the mask goes into the bias: -inf where a query may not look
+            mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+        elif self.causal and window is None:
             if Tq == Tk:
                 is_causal, mask = True, None  # aligned square mask: the fused kernels take it as a flag
             elif Tq == 1:
@@ -178,15 +186,15 @@ class GroupedQueryAttention(Attention):
         return KVCache(batch, self.kv_heads, max_len, self.head_dim, self.head_dim, device, dtype)
 
     # -- forward: project, rotate, (cache), attend, merge --------------------------------
-    def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False):
         B, T, _ = x.shape
         q, k, v = self.project(x)
-        q, k = self.rotate(q, k, rotary)
+        q, k = self.rotate(q, k, pos)
         k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v)  # (B, Hkv, Tk, Dh)
-        y, weights = self.attend(q, k, v, positions, k_pos, need_weights)
+        y, weights = self.attend(q, k, v, positions, k_pos, need_weights, pos)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(y), weights
 
@@ -199,11 +207,11 @@ class GroupedQueryAttention(Attention):
         v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         return q, k, v
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos) -> tuple[torch.Tensor, torch.Tensor]:
         """Position into q and k (before they are cached)."""
-        return rotary.apply(q), rotary.apply(k)
+        return pos.rotate(q), pos.rotate(k)
 
-    def attend(self, q, k, v, q_pos, k_pos, need_weights: bool):
+    def attend(self, q, k, v, q_pos, k_pos, need_weights: bool, pos):
         """q (B, H, Tq, Dh) over k, v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), weights or None."""
         kwargs = {}
         if self.kv_heads != self.n_heads:
@@ -212,7 +220,7 @@ class GroupedQueryAttention(Attention):
             else:
                 group = self.n_heads // self.kv_heads
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        return self.sdpa(q, k, v, q_pos, k_pos, need_weights, **kwargs)
+        return self.sdpa(q, k, v, q_pos, k_pos, need_weights, pos, **kwargs)
 
 
 @ATTENTION.register("gqa")
@@ -272,7 +280,7 @@ class QKNormAttention(GroupedQueryAttention):
 
     def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
         super().__init__(cfg, d_model, n_heads, bias, causal)
-        self.q_norm, self.k_norm = RMSNorm(self.head_dim, 1e-6), RMSNorm(self.head_dim, 1e-6)
+        self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6), nn.RMSNorm(self.head_dim, eps=1e-6)
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor]:
-        return super().rotate(self.q_norm(q), self.k_norm(k), rotary)
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().rotate(self.q_norm(q), self.k_norm(k), pos)

@@ -10,7 +10,6 @@ from torch import nn
 
 from llmlab.model.attention import ATTENTION, Attention
 from llmlab.model.cache import LatentCache
-from llmlab.model.norm import RMSNorm
 
 
 @ATTENTION.register("mla")
@@ -35,12 +34,12 @@ class MultiHeadLatentAttention(Attention):
         self.qk_dim = qk
         if cfg.q_rank:
             self.q_down = nn.Linear(d_model, cfg.q_rank, bias=False)
-            self.q_norm = RMSNorm(cfg.q_rank, 1e-6)
+            self.q_norm = nn.RMSNorm(cfg.q_rank, eps=1e-6)
             self.q_up = nn.Linear(cfg.q_rank, H * qk, bias=False)
         else:
             self.q_proj = nn.Linear(d_model, H * qk, bias=False)
         self.kv_down = nn.Linear(d_model, cfg.kv_rank + cfg.rope_dim, bias=False)  # [c_kv ; shared rotary key]
-        self.kv_norm = RMSNorm(cfg.kv_rank, 1e-6)
+        self.kv_norm = nn.RMSNorm(cfg.kv_rank, eps=1e-6)
         self.kv_up = nn.Linear(cfg.kv_rank, H * (cfg.nope_dim + cfg.v_dim), bias=False)  # [W_UK ; W_UV] per head
         self.o_proj = nn.Linear(H * cfg.v_dim, d_model, bias=bias)
 
@@ -66,17 +65,17 @@ class MultiHeadLatentAttention(Attention):
         w = self.kv_up.weight.view(self.n_heads, self.cfg.nope_dim + self.cfg.v_dim, self.cfg.kv_rank)
         return w[:, :self.cfg.nope_dim], w[:, self.cfg.nope_dim:]
 
-    def forward(self, x: torch.Tensor, rotary, positions: torch.Tensor, cache: LatentCache | None = None,
+    def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache: LatentCache | None = None,
                 need_weights: bool = False):
         B, T, _ = x.shape
         H, c = self.n_heads, self.cfg
         q = self.q_up(self.q_norm(self.q_down(x))) if c.q_rank else self.q_proj(x)
         q = q.view(B, T, H, self.qk_dim).transpose(1, 2)  # (B, H, T, nope + rope)
         q_nope, q_rope = q.split([c.nope_dim, c.rope_dim], dim=-1)
-        q_rope = rotary.apply(q_rope)
+        q_rope = pos.rotate(q_rope)
         latent, k_rope = self.kv_down(x).split([c.kv_rank, c.rope_dim], dim=-1)
         latent = self.kv_norm(latent)  # (B, T, kv_rank)
-        k_rope = rotary.apply(k_rope[:, None])  # (B, 1, T, rope): one rotary key for all heads
+        k_rope = pos.rotate(k_rope[:, None])  # (B, 1, T, rope): one rotary key for all heads
         k_pos = positions
         if cache is not None:
             latent, k_rope, k_pos = cache.append(latent, k_rope)
@@ -88,12 +87,12 @@ class MultiHeadLatentAttention(Attention):
             qa = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, T, kv_rank + rope)
             ka = torch.cat([latent[:, None], k_rope], dim=-1).expand(B, H, Tk, c.kv_rank + c.rope_dim)
             va = latent[:, None].expand(B, H, Tk, c.kv_rank)
-            o_lat, weights = self.sdpa(qa, ka, va, positions, k_pos, False, scale)
+            o_lat, weights = self.sdpa(qa, ka, va, positions, k_pos, False, pos, scale)
             y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_UV folded into the output
         else:
             kv = self.kv_up(latent).view(B, Tk, H, c.nope_dim + c.v_dim).transpose(1, 2)
             k_nope, v = kv.split([c.nope_dim, c.v_dim], dim=-1)
             k = torch.cat([k_nope, k_rope.expand(B, H, Tk, c.rope_dim)], dim=-1)
-            y, weights = self.sdpa(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, k_pos, need_weights, scale)
+            y, weights = self.sdpa(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, k_pos, need_weights, pos, scale)
         y = y.transpose(1, 2).reshape(B, T, H * c.v_dim)
         return self.o_proj(y), weights

@@ -1,4 +1,8 @@
-"""Transformer blocks (``norm.placement``): pre-norm and post-norm are two classes."""
+"""Transformer blocks (the ``norm`` group, ``norm.placement``): pre-norm and post-norm are two
+classes. A block is built as ``cls(cfg, attn, ffn, d_model)`` from the ``norm`` section and the
+parts it holds; it never asks which attention or FFN they are. A new block can be one file in
+this package: its class, registered with ``@BLOCK.register(name)``, holding a nested ``Config``
+(a subclass of `NormConfig`)."""
 
 from __future__ import annotations
 
@@ -11,12 +15,11 @@ class Block(nn.Module):
     #: whether the stack needs a norm after the last block
     final_norm = True
 
-    def __init__(self, attn: nn.Module, ffn: nn.Module, norm_cfg: NormConfig, d_model: int):
+    def __init__(self, cfg: NormConfig, attn: nn.Module, ffn: nn.Module, d_model: int):
         super().__init__()
-        make_norm = NORM.get(norm_cfg.kind)
-        self.attn_norm = make_norm(d_model, norm_cfg.eps)
+        self.attn_norm = NORM.build(cfg, d_model)
         self.attn = attn
-        self.ffn_norm = make_norm(d_model, norm_cfg.eps)
+        self.ffn_norm = NORM.build(cfg, d_model)
         self.ffn = ffn
 
 
@@ -24,8 +27,8 @@ class Block(nn.Module):
 class PreNormBlock(Block):
     """Pre-norm: x + f(norm(x)), with a final norm before the LM head (GPT-2, Llama)."""
 
-    def forward(self, x, rotary, positions, cache=None, need_weights=False):
-        a, weights = self.attn(self.attn_norm(x), rotary, positions, cache, need_weights)
+    def forward(self, x, pos, positions, cache=None, need_weights=False):
+        a, weights = self.attn(self.attn_norm(x), pos, positions, cache, need_weights)
         x = x + a
         x = x + self.ffn(self.ffn_norm(x))
         return x, weights
@@ -37,8 +40,8 @@ class PostNormBlock(Block):
 
     final_norm = False
 
-    def forward(self, x, rotary, positions, cache=None, need_weights=False):
-        a, weights = self.attn(x, rotary, positions, cache, need_weights)
+    def forward(self, x, pos, positions, cache=None, need_weights=False):
+        a, weights = self.attn(x, pos, positions, cache, need_weights)
         x = self.attn_norm(x + a)
         x = self.ffn_norm(x + self.ffn(x))
         return x, weights

@@ -1,8 +1,12 @@
 """Position-wise feed-forward networks (config group ``model/ffn``, settings under ``ffn.*``).
 
-A kind subclasses `FeedForward`: ``forward(x)`` maps (B, T, d) to (B, T, d), and a sparse
-kind (a mixture of experts) also says which of its parameters a token leaves idle and hands
-over its auxiliary losses after each forward.
+A kind subclasses `FeedForward` and is built as every registered part is, from its Config and
+the sizes it is given: ``cls(cfg, d_model, bias)``. ``forward(x)`` maps (B, T, d) to (B, T, d);
+a sparse kind (a mixture of experts) also says which of its parameters a token leaves idle and
+hands over its auxiliary losses after each forward, under its ``aux_name``.
+
+A new kind can be one file in this package: its class, registered with
+``@FFN.register(name)``, holding a nested ``Config`` dataclass (a subclass of `FFNConfig`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmlab.model.config import FFN, FFNConfig, MoEConfig
+from llmlab.model.config import FFN, FFNConfig, MoEConfig, SwiGLUConfig
 
 
 def round_up(n: float, multiple: int) -> int:
@@ -23,17 +27,17 @@ class FeedForward(nn.Module):
 
     #: True where some parameters get no gradient in a step (DDP must look for unused ones)
     sparse = False
+    #: the name its auxiliary losses are logged under (``moe/balance_loss``); None: it has none
+    aux_name: str | None = None
+    #: settings that keep a test model small (tests build every registered kind with them)
+    test_settings: dict = {}
 
     @staticmethod
     def default_hidden(d_model: int) -> int:
         return 4 * d_model
 
-    @classmethod
-    def from_config(cls, cfg: FFNConfig, d_model: int, bias: bool) -> "FeedForward":
-        return cls(d_model, cfg.hidden or cls.default_hidden(d_model), bias)
-
-    #: settings that keep a test model small (tests build every registered kind with them)
-    test_settings: dict = {}
+    def hidden_width(self, cfg: FFNConfig, d_model: int) -> int:
+        return cfg.hidden or self.default_hidden(d_model)
 
     def residual_projections(self) -> list[nn.Linear]:
         """The projections that write into the residual stream (their init is scaled down)."""
@@ -51,8 +55,9 @@ class FeedForward(nn.Module):
 class TwoMatrixFFN(FeedForward):
     """d -> hidden -> activation -> d."""
 
-    def __init__(self, d_model: int, hidden: int, bias: bool):
+    def __init__(self, cfg: FFNConfig, d_model: int, bias: bool):
         super().__init__()
+        hidden = self.hidden_width(cfg, d_model)
         self.up_proj = nn.Linear(d_model, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d_model, bias=bias)
 
@@ -101,8 +106,9 @@ class SwiGLU(FeedForward):
     def default_hidden(d_model: int) -> int:
         return round_up(8 * d_model / 3, 64)
 
-    def __init__(self, d_model: int, hidden: int, bias: bool):
+    def __init__(self, cfg: FFNConfig, d_model: int, bias: bool):
         super().__init__()
+        hidden = self.hidden_width(cfg, d_model)
         self.gate_proj = nn.Linear(d_model, hidden, bias=bias)
         self.up_proj = nn.Linear(d_model, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d_model, bias=bias)
@@ -129,20 +135,18 @@ class MoE(FeedForward):
     """
 
     sparse = True
+    aux_name = "moe"
     test_settings = {"n_experts": 4, "top_k": 2, "shared_experts": 1}
 
-    def __init__(self, d_model: int, hidden: int, bias: bool, cfg: MoEConfig):
+    def __init__(self, cfg: MoEConfig, d_model: int, bias: bool):
         super().__init__()
         self.cfg = cfg
+        expert = SwiGLUConfig(hidden=cfg.hidden)  # ``hidden`` is each expert's width
         self.router = nn.Linear(d_model, cfg.n_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(d_model, hidden, bias) for _ in range(cfg.n_experts))
-        self.shared = nn.ModuleList(SwiGLU(d_model, hidden, bias) for _ in range(cfg.shared_experts))
+        self.experts = nn.ModuleList(SwiGLU(expert, d_model, bias) for _ in range(cfg.n_experts))
+        self.shared = nn.ModuleList(SwiGLU(expert, d_model, bias) for _ in range(cfg.shared_experts))
         self._aux: dict[str, torch.Tensor] = {}
         self.last_routing: torch.Tensor | None = None
-
-    @classmethod
-    def from_config(cls, cfg: MoEConfig, d_model: int, bias: bool) -> "MoE":
-        return cls(d_model, cfg.hidden or SwiGLU.default_hidden(d_model), bias, cfg)
 
     def residual_projections(self) -> list[nn.Linear]:
         return [e.down_proj for e in [*self.experts, *self.shared]]

@@ -1,9 +1,13 @@
-"""Position schemes. Each offers two operations, a no-op where it does not apply:
+"""Position schemes. Each offers three operations, a no-op where it does not apply:
 
 - ``embed(x, positions)``: add a position signal to the token embeddings (sinusoidal, learned);
-- ``rotary(positions)``: an object whose ``apply(t)`` rotates queries/keys (RoPE).
+- ``view(positions)``: a `PositionView` for one forward pass, which attention asks to
+  ``rotate(t)`` its queries and keys (RoPE) and for a ``bias(q_pos, k_pos, heads)`` to add to
+  its scores (ALiBi);
+- ``check_end(end)``: refuse positions the scheme has no signal for (a learned table's end).
 
-So attention never asks which scheme is in use.
+So attention never asks which scheme is in use. A new scheme can be one file in this package:
+its class, registered with ``@POSITION.register(name)``, holding a nested ``Config``.
 """
 
 from __future__ import annotations
@@ -17,12 +21,19 @@ from llmlab.errors import UserError
 from llmlab.model.config import POSITION
 
 
-class NoRotation:
-    def apply(self, t: torch.Tensor) -> torch.Tensor:
+class PositionView:
+    """What attention asks of the position scheme in one forward pass; by default nothing."""
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        """Queries or keys (B, H, T, D), with position put in by rotation."""
         return t
 
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, heads: int) -> torch.Tensor | None:
+        """(H, Tq, Tk) float added to the attention scores before the softmax; None: none."""
+        return None
 
-class RotaryAngles:
+
+class RotaryAngles(PositionView):
     """RoPE for a set of positions (Su et al. 2021, RoFormer, eq. 34).
 
     Frequencies span one head's dimension (the last axis of the tensor rotated), and every
@@ -44,7 +55,7 @@ class RotaryAngles:
             self._cache[dim] = (angles.cos(), angles.sin())
         return self._cache[dim]
 
-    def apply(self, t: torch.Tensor) -> torch.Tensor:
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
         # t: (B, H, T, D); rotation is computed in fp32 and cast back
         cos, sin = self.cos_sin(t.shape[-1])
         tf = t.float()
@@ -54,7 +65,7 @@ class RotaryAngles:
 
 
 class Position(nn.Module):
-    bounded = False  # True: positions past max_seq_len have no embedding
+    """The base of every scheme: built as ``cls(cfg, d_model, max_seq_len)``."""
 
     def __init__(self, cfg, d_model: int, max_seq_len: int):
         super().__init__()
@@ -65,8 +76,11 @@ class Position(nn.Module):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x
 
-    def rotary(self, positions: torch.Tensor):
-        return NoRotation()
+    def view(self, positions: torch.Tensor) -> PositionView:
+        return PositionView()
+
+    def check_end(self, end: int) -> None:
+        """``end``: one past the last position, a plain int (no device sync, no graph break)."""
 
 
 @POSITION.register("none")
@@ -77,7 +91,7 @@ class NoPosition(Position):
 class RoPE(Position):
     """Rotary position embedding (Su et al. 2021): rotates q and k per head."""
 
-    def rotary(self, positions: torch.Tensor) -> RotaryAngles:
+    def view(self, positions: torch.Tensor) -> RotaryAngles:
         return RotaryAngles(positions, self.cfg.theta)
 
 
@@ -107,10 +121,7 @@ class Learned(Position):
         super().__init__(cfg, d_model, max_seq_len)
         self.table = nn.Embedding(max_seq_len, d_model)
 
-    bounded = True
-
     def check_end(self, end: int) -> None:
-        """``end``: one past the last position, a plain int (no device sync, no graph break)."""
         if end > self.max_seq_len:
             raise UserError(
                 f"pos=learned knows positions 0..{self.max_seq_len - 1} (model.max_seq_len); "

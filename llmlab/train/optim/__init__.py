@@ -1,4 +1,6 @@
-"""Optimizers (config group ``optim``)."""
+"""Optimizers (config group ``optim``). A kind is the optimizer itself, built as every
+registered part is: ``cls(cfg, model, device)``. A new kind can be one file in this package:
+its class, registered with ``@OPTIMIZER.register(name)``, holding a nested ``Config``."""
 
 from __future__ import annotations
 
@@ -27,39 +29,34 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
 
 
 class OptimizerKind:
-    """What every optimizer kind provides: a ``Config`` dataclass (``kind``, ``lr`` and its
-    own settings, declared in `llmlab.train.optim_config`) and ``create``, which builds a torch optimizer (or an `OptimizerGroup`)
-    for a model's parameters. The schedule scales each param group's ``lr`` per step."""
+    """What every optimizer kind provides besides being an optimizer (a torch one, or an
+    `OptimizerGroup`): a ``Config`` dataclass (``kind``, ``lr`` and its own settings) and a
+    constructor ``(cfg, model, device)``. The schedule scales each param group's ``lr`` per
+    step."""
 
     #: settings with which a tiny test model learns in 60 steps (tests run every kind with them)
     test_settings: dict = {}
 
-    @staticmethod
-    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-        raise NotImplementedError
-
 
 @OPTIMIZER.register("adamw")
-class AdamW(OptimizerKind):
+class AdamW(OptimizerKind, torch.optim.AdamW):
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay; norms, biases and embeddings are not decayed."""
 
-    @staticmethod
-    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
         # the fused kernel is one launch per step on CUDA; foreach elsewhere
         fused = device.type == "cuda"
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                 fused=fused, foreach=None if fused else True)
+        super().__init__(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                         fused=fused, foreach=None if fused else True)
 
 
 @OPTIMIZER.register("sgd")
-class SGD(OptimizerKind):
+class SGD(OptimizerKind, torch.optim.SGD):
     """Stochastic gradient descent with (Nesterov) momentum; decay as for AdamW."""
 
-    @staticmethod
-    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+        super().__init__(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
 
 
 class LionOptimizer(torch.optim.Optimizer):
@@ -89,26 +86,25 @@ class LionOptimizer(torch.optim.Optimizer):
 
 
 @OPTIMIZER.register("lion")
-class Lion(OptimizerKind):
+class Lion(OptimizerKind, LionOptimizer):
     """Lion (Chen et al. 2023): sign updates; use a 3-10x smaller lr and larger decay than AdamW (section 5)."""
 
     test_settings = {"lr": 1e-3}
 
-    @staticmethod
-    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
-        return LionOptimizer(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        super().__init__(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
+# torch < 2.5 has no Adafactor: the class still defines, and the Config's check refuses the kind
 @OPTIMIZER.register("adafactor")
-class Adafactor(OptimizerKind):
+class Adafactor(OptimizerKind, getattr(torch.optim, "Adafactor", torch.optim.Optimizer)):
     """Adafactor (Shazeer & Stern 2018): second moments of a matrix kept as a row and a column
     factor, so its state grows with rows + columns, not rows x columns (torch.optim.Adafactor)."""
 
-    @staticmethod
-    def create(cfg, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
-        return torch.optim.Adafactor(groups, lr=cfg.lr, beta2_decay=cfg.beta2_decay, eps=(None, cfg.eps))
+        super().__init__(groups, lr=cfg.lr, beta2_decay=cfg.beta2_decay, eps=(None, cfg.eps))
 
 
 class OptimizerGroup:
@@ -138,7 +134,7 @@ class OptimizerGroup:
 
 
 @OPTIMIZER.register("muon")
-class Muon(OptimizerKind):
+class Muon(OptimizerKind, OptimizerGroup):
     """Muon (Jordan et al. 2024): momentum orthogonalised by Newton-Schulz iterations, for the
     2-D weight matrices inside the blocks; embeddings, the LM head, norms and biases use AdamW
     (``adamw_lr``), as Muon's authors recommend. Needs a torch with ``torch.optim.Muon``
@@ -146,10 +142,8 @@ class Muon(OptimizerKind):
     slower on CPUs without bf16 matrix units (about 12x slower per step than AdamW on a 2-core
     x86 machine)."""
 
-    @staticmethod
-    def create(cfg, model: nn.Module, device: torch.device) -> OptimizerGroup:
-        blocks = getattr(model, "blocks", None)
-        hidden = {id(p) for p in (blocks.parameters() if blocks is not None else []) if p.dim() == 2}
+    def __init__(self, cfg, model: nn.Module, device: torch.device):
+        hidden = {id(p) for p in model.blocks.parameters() if p.dim() == 2}
         seen: set[int] = set()
         matrices, rest = [], []
         for p in model.parameters():
@@ -164,13 +158,13 @@ class Muon(OptimizerKind):
                   for g in param_groups(model, cfg.adamw_weight_decay)]
         adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.adamw_lr,
                                   betas=(cfg.adamw_beta1, cfg.adamw_beta2))
-        return OptimizerGroup([muon, adamw])
+        super().__init__([muon, adamw])
 
 
 def build_optimizer(cfg, model: nn.Module, device: torch.device):
     """The optimizer the config names; every param group remembers its peak lr as ``base_lr``
     for the schedule to scale."""
-    opt = OPTIMIZER.get(cfg.kind).create(cfg, model, device)
+    opt = OPTIMIZER.build(cfg, model, device)
     for group in opt.param_groups:
         group["base_lr"] = group["lr"]
     return opt
