@@ -71,13 +71,37 @@ def choice(default: Any, allowed: Sequence[Any]) -> Any:
     return dataclasses.field(default=default, metadata={"choices": tuple(allowed)})
 
 
+def bounded(default: Any, *, at_least: float | None = None, above: float | None = None,
+            at_most: float | None = None, below: float | None = None) -> Any:
+    """A number setting with a declared range (null passes where the default is null): the
+    schema says it beside the field, `parse_dataclass` checks it, and the one-line error
+    reads ``key: must be >= 1, got 0`` or ``key: must be in [0, 1), got 1.5``."""
+    low = (at_least, "[", ">=") if at_least is not None else (above, "(", ">") if above is not None else None
+    high = (at_most, "]", "<=") if at_most is not None else (below, ")", "<") if below is not None else None
+    return dataclasses.field(default=default, metadata={"range": (low, high)})
+
+
+def _in_range(value: Any, bounds: tuple) -> bool:
+    low, high = bounds
+    return ((low is None or (value >= low[0] if low[1] == "[" else value > low[0]))
+            and (high is None or (value <= high[0] if high[1] == "]" else value < high[0])))
+
+
+def _range_text(bounds: tuple, nullable: bool) -> str:
+    low, high = bounds
+    if low is not None and high is not None:
+        return f"in {low[1]}{low[0]}, {high[0]}{high[1]}"
+    side = low or high
+    return f"{side[2]} {side[0]}" + (" or null" if nullable else "")
+
+
 def _name(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
 def _check(obj: Any, prefix: str) -> None:
-    """What a type cannot say: a declared choice, no setting means infinity or NaN (a budget
-    says "none" with null), and each dataclass's own ``check(prefix)`` (ranges, relations
+    """What a type cannot say: a declared choice or range, no setting means infinity or NaN (a
+    budget says "none" with null), and each dataclass's own ``check(prefix)`` (relations
     between settings), nested ones first."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -87,6 +111,10 @@ def _check(obj: Any, prefix: str) -> None:
                               f"{', '.join(map(_name, allowed))}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be a finite number, got {value!r}")
+        bounds = f.metadata.get("range")
+        if bounds is not None and value is not None and not _in_range(value, bounds):
+            raise ConfigError(f"{join_key(prefix, f.name)}: must be {_range_text(bounds, f.default is None)}, "
+                              f"got {value}")
         if dataclasses.is_dataclass(value):
             _check(value, join_key(prefix, f.name))
     check = getattr(obj, "check", None)
@@ -155,6 +183,9 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
         comment = line.split("  # ", 1)[1].strip() if "  # " in line else ""
         if "choices" in f.metadata:
             comment = " | ".join(map(_name, f.metadata["choices"])) + (f"; {comment}" if comment else "")
+        if "range" in f.metadata:
+            default_is_null = f.default is None
+            comment = _range_text(f.metadata["range"], default_is_null) + (f"; {comment}" if comment else "")
         pad = " " * indent
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if dataclasses.is_dataclass(default):

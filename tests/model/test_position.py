@@ -57,3 +57,31 @@ def test_learned_positions_stop_at_max_seq_len():
     model = tiny_model(pos={"kind": "learned"})
     with pytest.raises(UserError, match=r"pos=learned knows positions 0..31"):
         model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_alibi_slopes_are_the_papers():
+    from llmlab.model.position.alibi import alibi_slopes
+
+    assert alibi_slopes(8, 8.0) == [2.0 ** -i for i in range(1, 9)]  # 1/2 ... 1/256
+    # 6 heads: the four of n=4 (2^-2, 2^-4, ...), then every other one of n=8 (2^-1, 2^-3)
+    assert alibi_slopes(6, 8.0) == [2.0 ** -i for i in (2, 4, 6, 8, 1, 3)]
+
+
+def test_alibi_weights_fall_with_distance_at_each_heads_slope():
+    """With queries and keys zeroed, every score is the bias alone, so each head's weights
+    are softmax(-slope x distance) over the keys a query sees: the closed form."""
+    from llmlab.model.position.alibi import alibi_slopes
+    from tests.conftest import tiny_model
+
+    model = tiny_model(pos={"kind": "alibi"}, n_layers=1).eval()
+    attn = model.blocks[0].attn
+    q_and_k = attn.n_heads * attn.head_dim + attn.kv_heads * attn.head_dim
+    with torch.no_grad():
+        attn.qkv_proj.weight[:q_and_k] = 0
+        weights = model(torch.randint(0, 97, (1, 12)), need_weights=True).weights[0][0]  # (H, T, T)
+    for h, slope in enumerate(alibi_slopes(attn.n_heads, 8.0)):
+        for i in range(12):
+            expected = torch.softmax(-slope * (i - torch.arange(i + 1.0)), dim=0)
+            assert torch.allclose(weights[h, i, :i + 1], expected, atol=1e-6)
+            assert torch.all(weights[h, i, i + 1:] == 0)
+

@@ -163,8 +163,11 @@ def test_swa_cache_stays_bounded():
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
-def test_sdpa_path_equals_math_path(attn):
-    model = tiny_model(attention=ATTN[attn])
+@pytest.mark.parametrize("pos", POSITION.names())
+def test_sdpa_path_equals_math_path(attn, pos):
+    """The fused kernels and the math path agree under every mask and every position scheme,
+    those that bias the scores included."""
+    model = tiny_model(attention=ATTN[attn], pos={"kind": pos})
     x = torch.randint(0, 97, (2, 16))
     with torch.no_grad():
         fast = model(x)

@@ -1,0 +1,67 @@
+"""A new kind of part is one file: its class and its nested Config, in its family's package,
+found by the registry with no other edit. Four kinds were added that way (a position that
+biases scores, an optimizer, an FFN and a block); these tests hold them to it, and check that
+they compose from the command line's spelling like any other option."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import llmlab
+from llmlab.cli import register_parts
+from llmlab.model.config import BLOCK, FFN, POSITION
+from llmlab.paths import conf_dir
+from llmlab.train.optim_config import OPTIMIZER
+from llmlab.train.settings import check_train_config
+
+ONE_FILE = [(POSITION, "alibi"), (OPTIMIZER, "radam"), (FFN, "swish_mlp"), (BLOCK, "layerscale")]
+SOURCES = [p for root in (Path(llmlab.__file__).parent, conf_dir()) for p in root.rglob("*")
+           if p.suffix in (".py", ".yaml")]
+
+
+@pytest.mark.parametrize("registry, name", ONE_FILE, ids=[n for _, n in ONE_FILE])
+def test_a_kind_is_one_class_with_its_config_in_one_file_that_nothing_else_names(registry, name):
+    cls = registry.get(name)
+    path = Path(inspect.getsourcefile(cls))
+    assert cls.Config.__qualname__ == f"{cls.__name__}.Config"  # nested in the class
+    assert Path(inspect.getsourcefile(cls.Config)) == path
+    package = Path(importlib.import_module(registry.impl).__file__).parent
+    assert path.parent == package, f"{path} is not in {package}, where the registry looks"
+    naming = [str(p) for p in SOURCES if p != path and re.search(rf"\b{name}\b", p.read_text())]
+    assert not naming, f"files other than {path.name} name '{name}': {naming}"
+
+
+def test_the_four_compose_from_the_command_line_spelling():
+    register_parts("train")
+    overrides = ["pos=alibi", "optim=radam", "model/ffn=swish_mlp", "norm=layerscale", "norm.init=0.01",
+                 "pos.exponent=4"]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+    job = check_train_config(cfg)
+    assert (job.spec.pos.kind, job.optim.kind, job.spec.ffn.kind, job.spec.norm.placement) == \
+        ("alibi", "radam", "swish_mlp", "layerscale")
+    assert job.spec.norm.init == 0.01 and job.spec.pos.exponent == 4
+    assert job.optim.beta2 == 0.999  # the nested Config's defaults
+
+
+@pytest.mark.parametrize("override, message", [
+    ("norm.init=0", "norm.init: must be > 0, got 0.0"),
+    ("pos.exponent=-1", "pos.exponent: must be > 0, got -1.0"),
+    ("optim.beta2=1", "optim.beta2: must be in [0, 1), got 1.0"),
+])
+def test_their_declared_ranges_are_checked(override, message):
+    from llmlab.errors import ConfigError
+
+    register_parts("train")
+    group = {"norm": "norm=layerscale", "pos": "pos=alibi", "optim": "optim=radam"}[override.split(".")[0]]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = OmegaConf.to_container(compose("train", overrides=[group, override]), resolve=True)
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        check_train_config(cfg)
