@@ -98,7 +98,7 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["sample", "top_p=1.5"], ["top_p: must be in (0, 1]"]),
     (["sample", "spec.min_confidence=1.5"], ["spec.min_confidence: must be in [0, 1], got 1.5"]),
     (["sample", "pack_weights=fast"], ["pack_weights: must be one of auto, true, false; got 'fast'"]),
-    (["sample", "draft=d", "spec.draft_vocab=0"], ["spec.draft_vocab: must be >= 1, or null", "got 0"]),
+    (["sample", "draft=d", "spec.draft_vocab=0"], ["spec.draft_vocab: must be >= 1 or null, got 0"]),
     (["sample", "spec.draft_vocab=64"], ["spec.draft_vocab:", "pass draft=<ckpt>"]),
     # Hydra's own settings are checked too
     (["train", "-m", "seed=0,1", "hydra.callbacks.report.baselin=x"],

@@ -8,9 +8,8 @@ from typing import Any
 
 import llmlab.data.corpus  # noqa: F401  (registers the data group's options)
 import llmlab.eval.analysis  # noqa: F401  (and the analysis group's)
-from llmlab.errors import ConfigError
 from llmlab.train.device import PRECISIONS
-from llmlab.registry import choice, parse_dataclass, section, settings_lines, store_schema
+from llmlab.registry import bounded, choice, parse_dataclass, section, settings_lines, store_schema
 
 SPLITS = ("train", "val")
 
@@ -22,9 +21,9 @@ class EvalConfig:
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
     split: str = choice("val", SPLITS)
     text: str | None = None  # a text file to score instead of a split
-    batch_size: int = 8
-    max_batches: int | None = None  # cap the batches scored (windows spread evenly over the data); null: all
-    max_tokens: int | None = None  # cap the tokens scored; null: the whole split
+    batch_size: int = bounded(8, at_least=1)
+    max_batches: int | None = bounded(None, at_least=1)  # cap the batches scored (windows spread evenly over the data); null: all
+    max_tokens: int | None = bounded(None, at_least=1)  # cap the tokens scored; null: the whole split
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
     cache_dir: str | None = None
@@ -36,10 +35,6 @@ class EvalConfig:
         from llmlab.eval.analysis import ANALYSIS
         from llmlab.train.device import resolve_device
 
-        for key in ("batch_size", "max_batches", "max_tokens"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"{key}: must be >= 1{' or null' if key != 'batch_size' else ''}, got {value}")
         resolve_device(self.device)
         if self.data is not None:
             CORPUS.config(self.data, "data")

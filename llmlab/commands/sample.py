@@ -13,26 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from llmlab.errors import ConfigError
-from llmlab.registry import choice, parse_dataclass, settings_lines, store_schema
+from llmlab.registry import bounded, choice, parse_dataclass, settings_lines, store_schema
 from llmlab.train.device import PRECISIONS
 
 @dataclass
 class SpeculativeConfig:
     """``spec.*``: speculative decoding, with ``draft=<ckpt>`` or the model's MTP heads."""
 
-    k: int = 4  # tokens drafted per round
+    k: int = bounded(4, at_least=1)  # tokens drafted per round
     mtp: bool = False  # true: self-speculative decoding with the model's own MTP heads (no draft)
     compare: bool = True  # also time plain decoding of the same tokens, and report the speed-up
-    min_confidence: float = 0.0  # stop a round's drafting after a token the draft gave less than this probability
-    draft_vocab: int | None = None  # N: the draft proposes only the N most frequent training tokens (a cheaper head); null: all
-
-    def check(self, prefix: str) -> None:
-        if self.k < 1:
-            raise ConfigError(f"{prefix}.k: must be >= 1, got {self.k}")
-        if not 0 <= self.min_confidence <= 1:
-            raise ConfigError(f"{prefix}.min_confidence: must be in [0, 1], got {self.min_confidence}")
-        if self.draft_vocab is not None and self.draft_vocab < 1:
-            raise ConfigError(f"{prefix}.draft_vocab: must be >= 1, or null for every token; got {self.draft_vocab}")
+    min_confidence: float = bounded(0.0, at_least=0, at_most=1)  # stop a round's drafting after a token the draft gave less than this probability
+    draft_vocab: int | None = bounded(None, at_least=1)  # N: the draft proposes only the N most frequent training tokens (a cheaper head); null: all
 
 
 @dataclass
@@ -49,7 +41,7 @@ class SampleConfig:
     min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0: off
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the text (CTRL); 1: off
     stop_at_eos: bool = True  # stop a sample at <|endoftext|>
-    num_samples: int = 1  # samples per prompt
+    num_samples: int = bounded(1, at_least=1)  # samples per prompt
     seed: int = 0
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
@@ -64,8 +56,6 @@ class SampleConfig:
         sampling_config(dataclasses.asdict(self))  # its own checks, with sample's top-level keys
         resolve_device(self.device)
         check_pack(self.pack_weights)
-        if self.num_samples < 1:
-            raise ConfigError(f"num_samples: must be >= 1, got {self.num_samples}")
         prompt = self.prompt
         if self.prompt_file is None and not (isinstance(prompt, str) or (
                 isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from llmlab.data.documents import Document, line_cut, read_parts, val_names
 from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Registry
+from llmlab.registry import Registry, bounded
 
 CORPUS = Registry("data", group="data")
 SPLITS = ("train", "val")
@@ -34,17 +34,9 @@ class Corpus:
     @dataclass
     class Config:
         kind: str = ""
-        val_fraction: float = 0.05
-        workers: int | None = None  # processes that encode; null: every core (the tokens do not depend on it)
-        shard_tokens: int = 100_000_000  # tokens per shard file of the prepared data (its layout, not its tokens)
-
-        def check(self, prefix: str) -> None:
-            if not 0 < self.val_fraction < 1:
-                raise ConfigError(f"{prefix}.val_fraction: must be in (0, 1), got {self.val_fraction}")
-            if self.workers is not None and self.workers < 1:
-                raise ConfigError(f"{prefix}.workers: must be >= 1 or null (every core), got {self.workers}")
-            if self.shard_tokens < 1:
-                raise ConfigError(f"{prefix}.shard_tokens: must be >= 1, got {self.shard_tokens}")
+        val_fraction: float = bounded(0.05, above=0, below=1)
+        workers: int | None = bounded(None, at_least=1)  # processes that encode; null: every core (the tokens do not depend on it)
+        shard_tokens: int = bounded(100_000_000, at_least=1)  # tokens per shard file of the prepared data (its layout, not its tokens)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -163,7 +155,6 @@ class TextFiles(Corpus):
         val_fraction: float = 0.1  # one file alone is split at a line val_fraction from its end
 
         def check(self, prefix: str) -> None:
-            super().check(prefix)
             if isinstance(self.paths, (str, int, float)):
                 self.paths = str(self.paths)
             elif not (isinstance(self.paths, list) and all(isinstance(p, (str, int, float)) for p in self.paths)):

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Registry
+from llmlab.errors import UserError
+from llmlab.registry import Registry, bounded
 
 ANALYSIS = Registry("analysis", group="analysis")
 
@@ -23,16 +23,9 @@ class AttentionAnalysis:
     @dataclass
     class Config:
         kind: str = "attention"
-        windows: int = 16  # windows per split, evenly spaced over it
-        seq_len: int | None = None  # tokens per window; null: the model's max_seq_len
-        example_tokens: int = 48  # the heat-maps show each head's attention over this many tokens of one val window
-
-        def check(self, prefix: str) -> None:
-            for key in ("windows", "example_tokens"):
-                if getattr(self, key) < 1:
-                    raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
-            if self.seq_len is not None and self.seq_len < 2:
-                raise ConfigError(f"{prefix}.seq_len: must be >= 2 or null, got {self.seq_len}")
+        windows: int = bounded(16, at_least=1)  # windows per split, evenly spaced over it
+        seq_len: int | None = bounded(None, at_least=2)  # tokens per window; null: the model's max_seq_len
+        example_tokens: int = bounded(48, at_least=1)  # the heat-maps show each head's attention over this many tokens of one val window
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Registry, parse_dataclass, store_schema
+from llmlab.registry import Registry, bounded, parse_dataclass, store_schema
 
 ATTENTION = Registry("attention", group="model/attention", package="_global_.attention", impl="llmlab.model.attention")
 FFN = Registry("ffn", group="model/ffn", package="_global_.ffn", impl="llmlab.model.ffn")
@@ -24,22 +24,13 @@ POSITION = Registry("pos", group="pos", impl="llmlab.model.position")
 OBJECTIVE = Registry("objective", group="objective", impl="llmlab.model.objective")
 
 
-def _at_least(cfg: Any, prefix: str, minimum: int, *keys: str) -> None:
-    for key in keys:
-        if getattr(cfg, key) < minimum:
-            raise ConfigError(f"{prefix}.{key}: must be >= {minimum}, got {getattr(cfg, key)}")
-
-
 # ---- attention (model/attention=..., settings attention.*) ----
 
 @ATTENTION.option("gqa")
 @dataclass
 class GQAConfig:
     kind: str = "gqa"
-    kv_heads: int = 2  # key/value heads, each shared by n_heads / kv_heads query heads
-
-    def check(self, prefix: str) -> None:
-        _at_least(self, prefix, 1, "kv_heads")
+    kv_heads: int = bounded(2, at_least=1)  # key/value heads, each shared by n_heads / kv_heads query heads
 
 
 @ATTENTION.option("mha")
@@ -58,13 +49,8 @@ class MQAConfig:
 @dataclass
 class SWAConfig:
     kind: str = "swa"
-    window: int = 64  # positions each query sees, itself included
-    kv_heads: int | None = None  # null: one KV head per query head; set it for grouped-query SWA
-
-    def check(self, prefix: str) -> None:
-        _at_least(self, prefix, 1, "window")
-        if self.kv_heads is not None and self.kv_heads < 1:
-            raise ConfigError(f"{prefix}.kv_heads: must be >= 1 or null, got {self.kv_heads}")
+    window: int = bounded(64, at_least=1)  # positions each query sees, itself included
+    kv_heads: int | None = bounded(None, at_least=1)  # null: one KV head per query head; set it for grouped-query SWA
 
 
 @ATTENTION.option("qknorm")
@@ -77,19 +63,16 @@ class QKNormConfig(GQAConfig):
 @dataclass
 class MLAConfig:
     kind: str = "mla"
-    q_rank: int = 0  # 0: no query compression
-    kv_rank: int = 96  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
-    rope_dim: int = 32  # per-head rotary query dims, and the one shared rotary key's
-    nope_dim: int = 64  # per-head query/key dims without position
-    v_dim: int = 64  # per-head value dims
+    q_rank: int = bounded(0, at_least=0)  # 0: no query compression
+    kv_rank: int = bounded(96, at_least=1)  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
+    rope_dim: int = bounded(32, at_least=1)  # per-head rotary query dims, and the one shared rotary key's
+    nope_dim: int = bounded(64, at_least=1)  # per-head query/key dims without position
+    v_dim: int = bounded(64, at_least=1)  # per-head value dims
     absorb: bool = True  # decode in the latent space (W_UK into the query, W_UV into the output)
 
     def check(self, prefix: str) -> None:
-        _at_least(self, prefix, 1, "kv_rank", "rope_dim", "nope_dim", "v_dim")
         if self.rope_dim % 2:
             raise ConfigError(f"{prefix}.rope_dim: must be even (RoPE rotates pairs), got {self.rope_dim}")
-        if self.q_rank < 0:
-            raise ConfigError(f"{prefix}.q_rank: must be >= 0 (0 = no query compression), got {self.q_rank}")
 
 
 # ---- feed-forward (model/ffn=..., settings ffn.*) ----
@@ -97,11 +80,7 @@ class MLAConfig:
 @dataclass
 class FFNConfig:
     kind: str = ""
-    hidden: int | None = None  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
-
-    def check(self, prefix: str) -> None:
-        if self.hidden is not None and self.hidden < 1:
-            raise ConfigError(f"{prefix}.hidden: must be >= 1 or null, got {self.hidden}")
+    hidden: int | None = bounded(None, at_least=1)  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
 
 
 @FFN.option("gelu")
@@ -140,19 +119,15 @@ class MoEConfig(FFNConfig):
     """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
 
     kind: str = "moe"
-    n_experts: int = 8
-    top_k: int = 2
-    shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
-    jitter: float = 0.0  # router input multiplied by U(1 - jitter, 1 + jitter) in training
-    balance_coef: float = 0.01  # weight of the Switch load-balancing loss (per MoE layer)
+    n_experts: int = bounded(8, at_least=1)
+    top_k: int = bounded(2, at_least=1)
+    shared_experts: int = bounded(0, at_least=0)  # always-on experts beside the routed ones (DeepSeekMoE)
+    jitter: float = bounded(0.0, at_least=0, below=1)  # router input multiplied by U(1 - jitter, 1 + jitter) in training
+    balance_coef: float = bounded(0.01, at_least=0)  # weight of the Switch load-balancing loss (per MoE layer)
 
     def check(self, prefix: str) -> None:
-        super().check(prefix)
-        _at_least(self, prefix, 1, "n_experts")
-        if not 1 <= self.top_k <= self.n_experts:
+        if self.top_k > self.n_experts:
             raise ConfigError(f"{prefix}.top_k: must be in [1, {prefix}.n_experts={self.n_experts}], got {self.top_k}")
-        if self.shared_experts < 0 or not 0 <= self.jitter < 1 or self.balance_coef < 0:
-            raise ConfigError(f"{prefix}: shared_experts >= 0, 0 <= jitter < 1 and balance_coef >= 0 are required")
 
 
 # ---- norms (norm.kind) and their placement (norm=pre|post) ----
@@ -176,13 +151,11 @@ class NormConfig:
 
     placement: str = "pre"
     kind: str = "rmsnorm"  # rmsnorm | layernorm
-    eps: float = 1e-5
+    eps: float = bounded(1e-5, above=0)
 
     def check(self, prefix: str) -> None:
         BLOCK.config_of(self.placement, f"{prefix}.placement")
         NORM.config_of(self.kind, f"{prefix}.kind")
-        if not self.eps > 0:
-            raise ConfigError(f"{prefix}.eps: must be > 0, got {self.eps}")
 
 
 @BLOCK.option("pre")
@@ -210,11 +183,7 @@ class NoPositionConfig:
 @dataclass
 class RoPEConfig:
     kind: str = "rope"
-    theta: float = 10000.0  # the base of the rotation frequencies
-
-    def check(self, prefix: str) -> None:
-        if self.theta <= 1:
-            raise ConfigError(f"{prefix}.theta: must be > 1, got {self.theta}")
+    theta: float = bounded(10000.0, above=1)  # the base of the rotation frequencies
 
 
 @POSITION.option("sinusoidal")
@@ -241,14 +210,12 @@ class CausalLMConfig:
 @dataclass
 class MaskedLMConfig:
     kind: str = "mlm"
-    mask_prob: float = 0.15
-    mask_replace: float = 0.8
-    random_replace: float = 0.1
+    mask_prob: float = bounded(0.15, above=0, below=1)
+    mask_replace: float = bounded(0.8, at_least=0)
+    random_replace: float = bounded(0.1, at_least=0)
 
     def check(self, prefix: str) -> None:
-        if not 0 < self.mask_prob < 1:
-            raise ConfigError(f"{prefix}.mask_prob: must be in (0, 1), got {self.mask_prob}")
-        if self.mask_replace < 0 or self.random_replace < 0 or self.mask_replace + self.random_replace > 1:
+        if self.mask_replace + self.random_replace > 1:
             raise ConfigError(f"{prefix}.mask_replace + {prefix}.random_replace: must be within [0, 1]")
 
 
@@ -259,22 +226,20 @@ class ModelConfig:
     """The ``model`` section: shared sizes, passed to every part."""
 
     name: str = "custom"  # a label for reports; presets set theirs
-    d_model: int = 192  # the default run's width: at its budget 192 beat 256 (bench/results/default_search.json)
-    n_layers: int = 4
-    n_heads: int = 4
-    max_seq_len: int = 256
-    mtp_heads: int = 0  # extra heads predicting tokens t+2 ... t+1+mtp_heads
+    d_model: int = bounded(192, at_least=1)  # the default run's width: at its budget 192 beat 256 (bench/results/default_search.json)
+    n_layers: int = bounded(4, at_least=1)
+    n_heads: int = bounded(4, at_least=1)
+    max_seq_len: int = bounded(256, at_least=1)
+    mtp_heads: int = bounded(0, at_least=0)  # extra heads predicting tokens t+2 ... t+1+mtp_heads
     mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
     bias: bool = False
     tie_embeddings: bool = True
     init_std: float = 0.02
-    vocab_multiple: int = 64  # pad the vocabulary for faster matmuls
+    vocab_multiple: int = bounded(64, at_least=1)  # pad the vocabulary for faster matmuls
 
     def check(self, prefix: str) -> None:
-        _at_least(self, prefix, 1, "d_model", "n_layers", "n_heads", "max_seq_len", "vocab_multiple")
         if self.d_model % self.n_heads:
             raise ConfigError(f"{prefix}.n_heads: {self.n_heads} does not divide {prefix}.d_model={self.d_model}")
-        _at_least(self, prefix, 0, "mtp_heads")
 
 
 def _register_schema() -> None:

@@ -9,34 +9,19 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from llmlab.errors import ConfigError
+from llmlab.registry import bounded
 from llmlab.model.attention import decode_attention
 from llmlab.model.packing import packed_linears
 
 
 @dataclass
 class SamplingConfig:
-    max_new_tokens: int = 200
-    temperature: float = 0.8  # 0 = greedy
-    top_k: int | None = None
-    top_p: float = 1.0
-    min_p: float = 0.0  # keep tokens with p >= min_p * max p (Nguyen et al. 2024); 0 = off
-    repetition_penalty: float = 1.0  # CTRL's penalty on tokens already in the text (Keskar et al. 2019); 1 = off
-
-    def check(self, prefix: str = "") -> None:
-        p = f"{prefix}." if prefix else ""  # sample's keys are top-level: no prefix
-        if self.max_new_tokens < 0:
-            raise ConfigError(f"{p}max_new_tokens: must be >= 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"{p}temperature: must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"{p}top_p: must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"{p}top_k: must be >= 1 or null, got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise ConfigError(f"{p}min_p: must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise ConfigError(f"{p}repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
+    max_new_tokens: int = bounded(200, at_least=0)
+    temperature: float = bounded(0.8, at_least=0)  # 0 = greedy
+    top_k: int | None = bounded(None, at_least=1)
+    top_p: float = bounded(1.0, above=0, at_most=1)
+    min_p: float = bounded(0.0, at_least=0, below=1)  # keep tokens with p >= min_p * max p (Nguyen et al. 2024); 0 = off
+    repetition_penalty: float = bounded(1.0, above=0)  # CTRL's penalty on tokens already in the text (Keskar et al. 2019); 1 = off
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) -> torch.Tensor:

@@ -7,19 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Registry, choice
+from llmlab.registry import Registry, bounded, choice
 
 OPTIMIZER = Registry("optim", group="optim", impl="llmlab.train.optim")
-
-
-def check_lr_betas_decay(cfg, prefix: str) -> None:
-    """The checks AdamW and Lion share: a positive lr, betas in [0, 1), weight decay >= 0."""
-    if not cfg.lr > 0:
-        raise ConfigError(f"{prefix}.lr: must be > 0, got {cfg.lr}")
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(cfg, key) < 1:
-            raise ConfigError(f"{prefix}.{key}: must be in [0, 1), got {getattr(cfg, key)}")
-    check_non_negative(cfg, prefix, "weight_decay")
 
 
 def check_torch_has(name: str, since: str, prefix: str) -> None:
@@ -31,75 +21,55 @@ def check_torch_has(name: str, since: str, prefix: str) -> None:
                           f"{torch.__version__}; use optim=adamw or upgrade torch")
 
 
-def check_non_negative(cfg, prefix: str, *keys: str) -> None:
-    for key in keys:
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{prefix}.{key}: must be >= 0, got {getattr(cfg, key)}")
-
-
 @OPTIMIZER.option("adamw")
 @dataclass
 class AdamWConfig:
     kind: str = "adamw"
-    lr: float = 3e-3  # peak learning rate; the schedule scales it
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
+    lr: float = bounded(3e-3, above=0)  # peak learning rate; the schedule scales it
+    beta1: float = bounded(0.9, at_least=0, below=1)
+    beta2: float = bounded(0.95, at_least=0, below=1)
+    eps: float = bounded(1e-8, above=0)
+    weight_decay: float = bounded(0.1, at_least=0)
     decay_embeddings: bool = False
-
-    def check(self, prefix: str) -> None:
-        check_lr_betas_decay(self, prefix)
 
 
 @OPTIMIZER.option("sgd")
 @dataclass
 class SGDConfig:
     kind: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
+    lr: float = bounded(0.1, above=0)
+    momentum: float = bounded(0.9, at_least=0, below=1)
     nesterov: bool = True
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, at_least=0)
     decay_embeddings: bool = False
 
     def check(self, prefix: str) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"{prefix}.momentum: must be in [0, 1), got {self.momentum}")
         if self.nesterov and self.momentum == 0:
             raise ConfigError(f"{prefix}.nesterov: needs {prefix}.momentum > 0")
-        check_non_negative(self, prefix, "weight_decay")
 
 
 @OPTIMIZER.option("lion")
 @dataclass
 class LionConfig:
     kind: str = "lion"
-    lr: float = 3e-4
-    beta1: float = 0.9
-    beta2: float = 0.99
-    weight_decay: float = 1.0
+    lr: float = bounded(3e-4, above=0)
+    beta1: float = bounded(0.9, at_least=0, below=1)
+    beta2: float = bounded(0.99, at_least=0, below=1)
+    weight_decay: float = bounded(1.0, at_least=0)
     decay_embeddings: bool = False
-
-    def check(self, prefix: str) -> None:
-        check_lr_betas_decay(self, prefix)
 
 
 @OPTIMIZER.option("adafactor")
 @dataclass
 class AdafactorConfig:
     kind: str = "adafactor"
-    lr: float = 1e-2  # peak learning rate; the schedule scales it
+    lr: float = bounded(1e-2, above=0)  # peak learning rate; the schedule scales it
     beta2_decay: float = -0.8  # the second moment's decay at step t is 1 - t^beta2_decay
-    eps: float = 1e-3  # updates are clipped relative to max(eps, RMS of the parameter)
-    weight_decay: float = 0.0
+    eps: float = bounded(1e-3, at_least=0)  # updates are clipped relative to max(eps, RMS of the parameter)
+    weight_decay: float = bounded(0.0, at_least=0)
     decay_embeddings: bool = False
 
     def check(self, prefix: str) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"{prefix}.lr: must be > 0, got {self.lr}")
-        check_non_negative(self, prefix, "weight_decay", "eps")
         check_torch_has("Adafactor", "2.5", prefix)
 
 
@@ -107,18 +77,15 @@ class AdafactorConfig:
 @dataclass
 class MuonConfig:
     kind: str = "muon"
-    lr: float = 0.02
+    lr: float = bounded(0.02, above=0)
     momentum: float = 0.95
     nesterov: bool = True
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, at_least=0)
     adjust_lr: str | None = choice("match_rms_adamw", (None, "original", "match_rms_adamw"))  # scale updates so one lr suits every shape
-    adamw_lr: float = 3e-3
-    adamw_beta1: float = 0.9
-    adamw_beta2: float = 0.95
-    adamw_weight_decay: float = 0.1
+    adamw_lr: float = bounded(3e-3, above=0)
+    adamw_beta1: float = bounded(0.9, at_least=0, below=1)
+    adamw_beta2: float = bounded(0.95, at_least=0, below=1)
+    adamw_weight_decay: float = bounded(0.1, at_least=0)
 
     def check(self, prefix: str) -> None:
-        if not self.lr > 0 or not self.adamw_lr > 0:
-            raise ConfigError(f"{prefix}.lr and {prefix}.adamw_lr: must be > 0")
-        check_non_negative(self, prefix, "weight_decay", "adamw_weight_decay")
         check_torch_has("Muon", "2.9", prefix)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmlab.errors import ConfigError
-from llmlab.registry import Registry, choice
+from llmlab.registry import Registry, bounded, choice
 
 SCHEDULE = Registry("sched", group="sched")
 
@@ -15,11 +14,7 @@ class Schedule:
     @dataclass
     class Config:
         kind: str = ""
-        warmup: int = 50  # steps of linear warm-up from 0
-
-        def check(self, prefix: str) -> None:
-            if self.warmup < 0:
-                raise ConfigError(f"{prefix}.warmup: must be >= 0, got {self.warmup}")
+        warmup: int = bounded(50, at_least=0)  # steps of linear warm-up from 0
 
     def __init__(self, cfg, total_steps: int):
         self.cfg = cfg
@@ -41,12 +36,7 @@ class Schedule:
 class DecayConfig(Schedule.Config):
     """Settings of a schedule that decays to a floor of ``min_lr_ratio`` times the peak."""
 
-    min_lr_ratio: float = 0.0
-
-    def check(self, prefix: str) -> None:
-        super().check(prefix)
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"{prefix}.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+    min_lr_ratio: float = bounded(0.0, at_least=0, at_most=1)
 
 
 @SCHEDULE.register("cosine")
@@ -56,7 +46,7 @@ class Cosine(Schedule):
     @dataclass
     class Config(DecayConfig):
         kind: str = "cosine"
-        min_lr_ratio: float = 0.1
+        min_lr_ratio: float = bounded(0.1, at_least=0, at_most=1)
 
     def after_warmup(self, progress: float) -> float:
         r = self.cfg.min_lr_ratio
@@ -96,13 +86,8 @@ class WarmupStableDecay(Schedule):
     @dataclass
     class Config(DecayConfig):
         kind: str = "wsd"
-        decay_fraction: float = 0.2
+        decay_fraction: float = bounded(0.2, above=0, at_most=1)
         cooldown: str = choice("linear", ("linear", "cosine"))  # the shape of the final decay
-
-        def check(self, prefix: str) -> None:
-            super().check(prefix)
-            if not 0 < self.decay_fraction <= 1:
-                raise ConfigError(f"{prefix}.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:

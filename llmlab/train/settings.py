@@ -13,7 +13,7 @@ from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
 from llmlab.names import parse_flops
-from llmlab.registry import choice, parse_dataclass, section, store_schema
+from llmlab.registry import bounded, choice, parse_dataclass, section, store_schema
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim_config import OPTIMIZER
@@ -26,43 +26,29 @@ HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 class LoopConfig:
     """The ``train`` section."""
 
-    steps: int = 1000  # the default run: 2M tokens, about 8 minutes on 2 CPU cores
-    batch_size: int = 8
-    grad_accum: int = 1
+    steps: int = bounded(1000, at_least=1)  # the default run: 2M tokens, about 8 minutes on 2 CPU cores
+    batch_size: int = bounded(8, at_least=1)
+    grad_accum: int = bounded(1, at_least=1)
     batch_tokens: int | None = None  # tokens per optimizer step; when set, grad_accum = batch_tokens / (batch_size * max_seq_len)
-    grad_clip: float = 1.0  # max global gradient norm; 0 turns clipping off
-    log_every: int = 10
-    eval_every: int = 200  # 0: only at the end
-    eval_windows: int = 64  # validation windows per periodic eval (`llmlab eval` scores the whole split)
-    ckpt_every: int = 200  # 0: only at the end
-    keep_checkpoints: int = 2
+    grad_clip: float = bounded(1.0, at_least=0)  # max global gradient norm; 0 turns clipping off
+    log_every: int = bounded(10, at_least=1)
+    eval_every: int = bounded(200, at_least=0)  # 0: only at the end
+    eval_windows: int = bounded(64, at_least=0)  # validation windows per periodic eval (`llmlab eval` scores the whole split)
+    ckpt_every: int = bounded(200, at_least=0)  # 0: only at the end
+    keep_checkpoints: int = bounded(2, at_least=0)
     compile: bool = False  # torch.compile the model
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
-    sample_tokens: int = 48  # tokens completed per prompt at each eval
+    sample_tokens: int = bounded(48, at_least=0)  # tokens completed per prompt at each eval
     resume: str | None = "auto"  # auto: continue from this run dir's latest checkpoint; a checkpoint path; null: fresh
     resume_weights_only: bool = False  # a checkpoint without trainer.pt: continue from its weights, fresh optimizer
-    max_tokens: int | None = None  # the run's length in tokens (replaces steps; the schedule spans it)
+    max_tokens: int | None = bounded(None, above=0)  # the run's length in tokens (replaces steps; the schedule spans it)
     max_flops: Any = None  # the run's length in training FLOPs (6e15 or 1e15*6), by the model card's FLOPs/token; replaces steps
-    max_steps: int | None = None  # stop at this step and save a checkpoint; the schedule still spans steps (resume later)
-    max_time: float | None = None  # seconds; stop and save a checkpoint once training has run this long
+    max_steps: int | None = bounded(None, above=0)  # stop at this step and save a checkpoint; the schedule still spans steps (resume later)
+    max_time: float | None = bounded(None, at_least=0)  # seconds; stop and save a checkpoint once training has run this long
     fsdp: bool = False  # under torchrun: FSDP2 (shard params, grads, optimizer state) instead of DDP
     head_loss: str = choice("auto", HEAD_LOSS)  # fused: LM head + cross-entropy in chunks, no logits kept; auto: fused where a micro-batch has >= 4M logits, not in fp16
 
     def check(self, prefix: str) -> None:
-        for key in ("steps", "batch_size", "grad_accum", "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
-        for key in ("eval_every", "ckpt_every", "eval_windows", "keep_checkpoints", "sample_tokens"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{prefix}.{key}: must be >= 0, got {getattr(self, key)}")
-        if self.grad_clip < 0:
-            raise ConfigError(f"{prefix}.grad_clip: must be >= 0, got {self.grad_clip}")
-        for key in ("max_tokens", "max_steps"):
-            value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise ConfigError(f"{prefix}.{key}: must be > 0 or null, got {value}")
-        if self.max_time is not None and self.max_time < 0:
-            raise ConfigError(f"{prefix}.max_time: must be >= 0 or null, got {self.max_time}")
         if self.max_flops is not None:
             self.max_flops = parse_flops(self.max_flops, f"{prefix}.max_flops")
             if self.max_tokens is not None:
@@ -92,23 +78,12 @@ class DistillConfig:
     """The ``distill`` section of ``llmlab train``."""
 
     teacher: str | None = None  # a checkpoint or run dir; null: no distillation
-    weight: float = 1.0  # share of the KL term in the loss; 0 = the plain data loss
-    temperature: float = 1.0  # softens both distributions in the KL term
+    weight: float = bounded(1.0, at_least=0, at_most=1)  # share of the KL term in the loss; 0 = the plain data loss
+    temperature: float = bounded(1.0, above=0)  # softens both distributions in the KL term
     data: str = choice("corpus", DATA)  # corpus: the training windows; teacher: the teacher's continuations of their start
-    prompt_tokens: int = 8  # data=teacher: tokens of each training window kept as the prompt
-    gen_temperature: float = 0.0  # data=teacher: 0 = the teacher's greedy text, else sampled
-    gen_batch: int = 64  # data=teacher: windows the teacher writes at once (batched decoding is cheaper)
-
-    def check(self, prefix: str) -> None:
-        if not 0 <= self.weight <= 1:
-            raise ConfigError(f"{prefix}.weight: must be in [0, 1], got {self.weight}")
-        if self.temperature <= 0:
-            raise ConfigError(f"{prefix}.temperature: must be > 0, got {self.temperature}")
-        for key in ("prompt_tokens", "gen_batch"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{prefix}.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.gen_temperature < 0:
-            raise ConfigError(f"{prefix}.gen_temperature: must be >= 0 (0 = greedy), got {self.gen_temperature}")
+    prompt_tokens: int = bounded(8, at_least=1)  # data=teacher: tokens of each training window kept as the prompt
+    gen_temperature: float = bounded(0.0, at_least=0)  # data=teacher: 0 = the teacher's greedy text, else sampled
+    gen_batch: int = bounded(64, at_least=1)  # data=teacher: windows the teacher writes at once (batched decoding is cheaper)
 
 
 @dataclass

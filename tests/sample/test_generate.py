@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from llmlab.errors import ConfigError
+from llmlab.registry import parse_dataclass
 from llmlab.sample.generate import SamplingConfig, penalize, seen_tokens, token_probs
 
 
@@ -37,7 +38,7 @@ def test_filters_compose_and_greedy_is_one_hot():
 @pytest.mark.parametrize("key, value", [("min_p", 1.0), ("min_p", -0.1), ("repetition_penalty", 0.0)])
 def test_bad_rules_name_the_key(key, value):
     with pytest.raises(ConfigError, match=key):
-        SamplingConfig(**{key: value}).check()
+        parse_dataclass(SamplingConfig, {key: value}, "")
 
 
 def test_decoding_on_cuda_keeps_cudnn_attention_out_and_restores_it(monkeypatch):
