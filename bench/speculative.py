@@ -90,7 +90,7 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
 
     from llmlab.model.packing import should_pack
     from llmlab.sample.generate import SamplingConfig, generate
-    from llmlab.commands.sample import draft_shortlist
+    from llmlab.sample.session import draft_shortlist
     from llmlab.sample.speculative import speculative_generate
     from llmlab.train.checkpoint import build_model, load_checkpoint
 

@@ -34,6 +34,21 @@ USAGE = "usage: llmlab <command> [key=value ...] [-m] [--cfg job] [--help]\n\nco
     f"  {name:<9} {line}\n" for name, line in USAGE_COMMANDS.items()) + (
     "\n`llmlab <command> --help` shows the command's config groups and settings.\n")
 
+def command_of(name: str):
+    """The `llmlab.commands.Command` that module ``llmlab.commands.<name>`` declares."""
+    return importlib.import_module(f"llmlab.commands.{name}").COMMAND
+
+
+# The jobs `preflight` resolved, by their composed config: Hydra composes the same config again
+# for its job, and the command runs the job resolved here instead of resolving it twice.
+RESOLVED: dict[str, object] = {}
+
+
+def config_key(cfg) -> str:
+    import json
+    return json.dumps(cfg, sort_keys=True, default=str)
+
+
 def register_parts(command: str | None = None) -> None:
     """Fill Hydra's ConfigStore with what ``command`` composes (all commands' by default): its
     schema and its groups' registered options, those written as one file in a family's
@@ -115,7 +130,7 @@ def preflight(command: str, args: list[str]) -> None:
 
     from llmlab.errors import UserError
 
-    validate = importlib.import_module(f"llmlab.commands.{command}").validate
+    resolve = command_of(command).job
     try:
         combos = expand_sweeps(overrides)
     except HydraException as e:
@@ -126,8 +141,8 @@ def preflight(command: str, args: list[str]) -> None:
 
         for combo in combos:
             try:
-                cfg = compose_with(combo)
-                validate(OmegaConf.to_container(cfg, resolve=True))
+                cfg = OmegaConf.to_container(compose_with(combo), resolve=True)
+                RESOLVED[config_key(cfg)] = resolve(cfg)
             except UserError as e:
                 fail(str(e), 2)
             except (HydraException, OmegaConfBaseException) as e:
@@ -177,8 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     if command == "train":
         rest = name_train_sweep_by_its_overrides(rest)
         rest = keep_worker_ranks_out_of_outputs(rest)
-    module = importlib.import_module(f"llmlab.commands.{command}")
-    app = hydra_app(command, module.run)
+    app = hydra_app(command, command_of(command))
     sys.argv = [f"llmlab {command}", *rest]
     # Hydra raises what fails in its own work (writing a job's .hydra/ files on a full disk)
     # instead of printing a shortened traceback, so a disk problem there is one line too
@@ -258,7 +272,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("slug", path_slug)
 
 
-def hydra_app(command: str, body: Callable) -> Callable:
+def hydra_app(command: str, declared) -> Callable:
+    """The Hydra app of a `Command`: its body gets the job `preflight` resolved for this
+    composed config, or resolves it (``--cfg``/``--info`` skip the preflight)."""
     import hydra
 
     register_resolvers()
@@ -274,7 +290,13 @@ def hydra_app(command: str, body: Callable) -> Callable:
         run_dir = Path(hc.runtime.output_dir)
         # the job's log (Hydra's <command>.log) keeps what the command prints, not just log records
         log = run_dir / f"{hc.job.name}.log" if hc.job_logging and hc.job_logging.get("handlers") else None
+        composed = OmegaConf.to_container(cfg, resolve=True)
+        job = RESOLVED.pop(config_key(composed), None)
+
+        def body() -> None:
+            declared.run(job if job is not None else declared.job(composed), run_dir)
+
         with console.keeping(log) if log is not None else contextlib.nullcontext():
-            guarded(body)(OmegaConf.to_container(cfg, resolve=True), run_dir)
+            guarded(body)()
 
     return app

@@ -43,8 +43,8 @@ def command_help(command: str) -> str:
                         if settings:
                             out.append(f"  {'':<14}   {settings}")
         out.append("")
-    settings = getattr(importlib.import_module(f"llmlab.commands.{command}"), "help_settings", None)
-    out += ["== Settings (key=value) ==", *(settings() if settings else _settings_text(text)), ""]
+    declared = importlib.import_module(f"llmlab.commands.{command}").COMMAND
+    out += ["== Settings (key=value) ==", *declared.settings_help(), ""]
     out.append(help_cfg.get("footer", "").rstrip("\n"))
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -64,16 +64,3 @@ def _option_line(group: str, option: str, registry) -> str:
     if group == "model" and attention is not None and option in attention:
         return f"the tiny model with {option} attention (attention.* settings)"
     return ""
-
-
-def _settings_text(text: str) -> list[str]:
-    """The YAML's own lines, comments kept, without its ``defaults:`` and ``hydra:`` blocks."""
-    lines, skipping = [], False
-    for line in text.splitlines():
-        if line and not line[0].isspace() and not line.startswith("#"):
-            skipping = line.split(":")[0] in ("defaults", "hydra")
-        if not skipping:
-            lines.append(line)
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    return lines

@@ -81,6 +81,17 @@ def bounded(default: Any, *, at_least: float | None = None, above: float | None 
     return dataclasses.field(default=default, metadata={"range": (low, high)})
 
 
+def _declared(cls: type, name: str, what: str) -> Any:
+    """Field ``name``'s declared ``what`` (a range, the choices), from the nearest class in the
+    MRO that declares one: a subclass that only changes a default keeps its base's range."""
+    for base in cls.__mro__:
+        if dataclasses.is_dataclass(base):
+            for f in dataclasses.fields(base):
+                if f.name == name and what in f.metadata:
+                    return f.metadata[what]
+    return None
+
+
 def _in_range(value: Any, bounds: tuple) -> bool:
     low, high = bounds
     return ((low is None or (value >= low[0] if low[1] == "[" else value > low[0]))
@@ -105,13 +116,13 @@ def _check(obj: Any, prefix: str) -> None:
     between settings), nested ones first."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        allowed = f.metadata.get("choices")
+        allowed = _declared(type(obj), f.name, "choices")
         if allowed is not None and value not in allowed:
             raise ConfigError(f"{join_key(prefix, f.name)}: unknown '{_name(value)}'; allowed: "
                               f"{', '.join(map(_name, allowed))}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be a finite number, got {value!r}")
-        bounds = f.metadata.get("range")
+        bounds = _declared(type(obj), f.name, "range")
         if bounds is not None and value is not None and not _in_range(value, bounds):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be {_range_text(bounds, f.default is None)}, "
                               f"got {value}")
@@ -181,11 +192,11 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
             continue
         line = next((ln for ln in source if ln.strip().startswith(f"{f.name}:")), "")
         comment = line.split("  # ", 1)[1].strip() if "  # " in line else ""
-        if "choices" in f.metadata:
-            comment = " | ".join(map(_name, f.metadata["choices"])) + (f"; {comment}" if comment else "")
-        if "range" in f.metadata:
-            default_is_null = f.default is None
-            comment = _range_text(f.metadata["range"], default_is_null) + (f"; {comment}" if comment else "")
+        choices, bounds = _declared(cls, f.name, "choices"), _declared(cls, f.name, "range")
+        if choices is not None:
+            comment = " | ".join(map(_name, choices)) + (f"; {comment}" if comment else "")
+        if bounds is not None:
+            comment = _range_text(bounds, f.default is None) + (f"; {comment}" if comment else "")
         pad = " " * indent
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if dataclasses.is_dataclass(default):

@@ -74,3 +74,23 @@ def test_a_declared_choice_is_checked_and_named_with_its_alternatives():
     with pytest.raises(ConfigError, match=r"^p.mode: unknown 'medium'; allowed: fast, slow, null$"):
         parse_dataclass(Picky, {"mode": "medium"}, "p")
     assert settings_lines(Picky) == ["mode: fast  # fast | slow | null; how hard to try"]
+
+
+def test_a_declared_range_is_checked_and_kept_by_a_subclass_that_changes_the_default():
+    from llmlab.registry import bounded
+
+    @dataclass
+    class Base:
+        rate: float = bounded(0.5, above=0, below=1)
+        n: int | None = bounded(None, at_least=2)
+
+    @dataclass
+    class Child(Base):
+        rate: float = 0.25  # a new default only
+
+    assert parse_dataclass(Child, {}, "x").rate == 0.25
+    with pytest.raises(ConfigError, match=r"^x.rate: must be in \(0, 1\), got 1.0$"):
+        parse_dataclass(Child, {"rate": 1.0}, "x")
+    with pytest.raises(ConfigError, match=r"^x.n: must be >= 2 or null, got 1$"):
+        parse_dataclass(Base, {"n": 1}, "x")
+    assert parse_dataclass(Base, {"n": None}, "x").n is None

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llmlab.data.corpus  # noqa: F401  (registers the data group's options)
-import llmlab.eval.analysis  # noqa: F401  (and the analysis group's)
+from llmlab.commands import Command
+from llmlab.data.corpus import CORPUS
+from llmlab.eval.analysis import ANALYSIS
+from llmlab.registry import bounded, choice, section
 from llmlab.train.device import PRECISIONS
-from llmlab.registry import bounded, choice, parse_dataclass, section, settings_lines, store_schema
 
 SPLITS = ("train", "val")
 
@@ -31,39 +32,21 @@ class EvalConfig:
     analysis: Any = section()
 
     def check(self, prefix: str) -> None:
-        from llmlab.data.corpus import CORPUS
-        from llmlab.eval.analysis import ANALYSIS
         from llmlab.train.device import resolve_device
 
         resolve_device(self.device)
-        if self.data is not None:
-            CORPUS.config(self.data, "data")
-        if self.analysis is not None:
-            ANALYSIS.config(self.analysis, "analysis")
+
+    def max_windows(self, block: int) -> int | None:
+        """The window cap from ``max_batches`` and ``max_tokens`` (the smaller wins)."""
+        caps = []
+        if self.max_batches is not None:
+            caps.append(self.max_batches * self.batch_size)
+        if self.max_tokens is not None:
+            caps.append(max(1, self.max_tokens // block))
+        return min(caps) if caps else None
 
 
-SCHEMA = store_schema("eval", EvalConfig)
-
-
-def validate(cfg: dict) -> None:
-    parse_dataclass(SCHEMA, cfg, "")
-
-
-def help_settings() -> list[str]:
-    return settings_lines(SCHEMA)
-
-
-def max_windows(cfg: dict, block: int) -> int | None:
-    """The window cap from ``max_batches`` and ``max_tokens`` (the smaller wins)."""
-    caps = []
-    if cfg.get("max_batches") is not None:
-        caps.append(cfg["max_batches"] * cfg["batch_size"])
-    if cfg.get("max_tokens") is not None:
-        caps.append(max(1, cfg["max_tokens"] // block))
-    return min(caps) if caps else None
-
-
-def run(cfg: dict, run_dir: Path) -> None:
+def run(job: EvalConfig, run_dir: Path) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
@@ -75,19 +58,18 @@ def run(cfg: dict, run_dir: Path) -> None:
     from llmlab.train.checkpoint import build_model, load_checkpoint
     from llmlab.train.device import autocast, resolve_device, resolve_precision
 
-    validate(cfg)
-    ckpt = load_checkpoint(cfg["ckpt"])
-    device = resolve_device(str(cfg["device"]))
-    precision = resolve_precision(str(cfg["precision"]), device)
+    ckpt = load_checkpoint(job.ckpt)
+    device = resolve_device(job.device)
+    precision = resolve_precision(job.precision, device)
     model = build_model(ckpt, device)
-    tokens, nbytes, source = eval_tokens(ckpt, cfg)
+    tokens, nbytes, source = eval_tokens(ckpt, job.text, job.split, job.data, job.cache_dir)
     block = model.max_seq_len
-    cap = max_windows(cfg, block)
+    cap = job.max_windows(block)
     n_windows = num_fixed_windows(tokens, block, cap)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console.err) as progress:
         task = progress.add_task("eval", total=n_windows)
-        res = evaluate_loss(model, tokens, block, int(cfg["batch_size"]), device, autocast(device, precision),
+        res = evaluate_loss(model, tokens, block, job.batch_size, device, autocast(device, precision),
                             cap, on_batch=lambda n: progress.advance(task, n))
     causal = model.objective.causal
     # bits per byte: the loss per token over the source's bytes per token (a masked-token loss
@@ -113,23 +95,22 @@ def run(cfg: dict, run_dir: Path) -> None:
     out = run_dir / "eval.json"
     out.write_text(json.dumps(result, indent=2))
     console.out.print(f"results: {out}; loss by position: {run_dir / 'per_position.png'}")
-    if cfg.get("analysis") is not None:
-        run_analysis(cfg, ckpt, model, tokens, source, device, run_dir)
+    if job.analysis is not None:
+        run_analysis(job, ckpt, model, tokens, device, run_dir)
 
 
-def run_analysis(cfg: dict, ckpt, model, tokens, source: str, device, run_dir: Path) -> None:
+def run_analysis(job: EvalConfig, ckpt, model, tokens, device, run_dir: Path) -> None:
     from llmlab import console
-    from llmlab.eval.analysis import ANALYSIS
     from llmlab.eval.data import eval_tokens
 
-    analysis = ANALYSIS.build(ANALYSIS.config(cfg["analysis"], "analysis"))
-    if cfg.get("text"):
+    analysis = ANALYSIS.build(job.analysis)
+    if job.text:
         sources = {"text": tokens}
     else:  # both splits of the same data
-        sources = {s: tokens if s == cfg["split"] else eval_tokens(ckpt, {**cfg, "split": s})[0]
+        sources = {s: tokens if s == job.split else eval_tokens(ckpt, None, s, job.data, job.cache_dir)[0]
                    for s in ("train", "val")}
     attn = ckpt.spec.get("attention", {}).get("kind", "?")
-    result = analysis.run(model, sources, ckpt.tokenizer(), int(cfg["batch_size"]), device, run_dir,
+    result = analysis.run(model, sources, ckpt.tokenizer(), job.batch_size, device, run_dir,
                           f"{attn}, {ckpt.path.name}")
     from rich.table import Table
     table = Table(title=f"attention ({attn}): mean over layers and heads", title_justify="left")
@@ -141,3 +122,7 @@ def run_analysis(cfg: dict, ckpt, model, tokens, source: str, device, run_dir: P
                       f"{m['normalized_support']:.3f}", f"{m['diversity_emd']:.2f}")
     console.out.print(table)
     console.out.print(f"analysis: {run_dir / 'attention.json'} and {len(result['figures'])} figures in {run_dir}")
+
+
+COMMAND = Command("eval", EvalConfig, run, sections={"data": CORPUS, "analysis": ANALYSIS})
+SCHEMA = COMMAND.schema

@@ -3,8 +3,9 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import parse_dataclass, settings_lines, store_schema
+
 
 @dataclass
 class ExportConfig:
@@ -21,32 +22,24 @@ class ExportConfig:
             raise ConfigError(f"format: unknown '{self.format}'; allowed: {', '.join(FORMATS)}")
 
 
-SCHEMA = store_schema("export", ExportConfig)
-
-
-def validate(cfg: dict) -> None:
-    parse_dataclass(SCHEMA, cfg, "")
-
-
-def help_settings() -> list[str]:
-    return settings_lines(SCHEMA)
-
-
-def run(cfg: dict, run_dir: Path) -> None:
+def run(job: ExportConfig, run_dir: Path) -> None:
     import torch
 
     from llmlab import console
     from llmlab.export import FORMATS
     from llmlab.train.checkpoint import build_model, load_checkpoint
 
-    validate(cfg)
-    ckpt = load_checkpoint(cfg["ckpt"])
+    ckpt = load_checkpoint(job.ckpt)
     model = build_model(ckpt, torch.device("cpu"))
-    out = Path(str(cfg["out"])).expanduser() if cfg.get("out") else run_dir / "hf"
-    res = FORMATS[cfg["format"]](ckpt, model, out, overwrite=bool(cfg["overwrite"]))
+    out = Path(job.out).expanduser() if job.out else run_dir / "hf"
+    res = FORMATS[job.format](ckpt, model, out, overwrite=job.overwrite)
     console.out.print(f"exported {ckpt.path} as {res['architecture']} ({res['family']} family, "
                       f"{res['params']:,} parameters) to {res['out']}")
     for note in res["notes"]:
         console.out.print(f"note: {note}", style="yellow")
     console.out.print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(res['out'])!r})",
                       style="dim")
+
+
+COMMAND = Command("export", ExportConfig, run)
+SCHEMA = COMMAND.schema

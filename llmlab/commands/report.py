@@ -4,8 +4,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import choice, parse_dataclass, settings_lines, store_schema
+from llmlab.registry import choice
 
 SELECT = ("all", "best_lr")
 
@@ -23,20 +24,12 @@ class ReportConfig:
             raise ConfigError("runs: give at least one sweep or run directory (llmlab report DIR ...)")
 
 
-SCHEMA = store_schema("report", ReportConfig)
-
-
-def validate(cfg: dict) -> None:
-    parse_dataclass(SCHEMA, cfg, "")
-
-
-def help_settings() -> list[str]:
-    return settings_lines(SCHEMA)
-
-
-def run(cfg: dict, run_dir: Path) -> None:
+def run(job: ReportConfig, run_dir: Path) -> None:
     from llmlab.eval.report import write_report
 
-    validate(cfg)
-    out = Path(str(cfg["out"])).expanduser() if cfg.get("out") else run_dir
-    write_report([str(r) for r in cfg["runs"]], cfg.get("baseline"), out, select=cfg.get("select") or "all")
+    out = Path(job.out).expanduser() if job.out else run_dir
+    write_report([str(r) for r in job.runs], job.baseline, out, select=job.select)
+
+
+COMMAND = Command("report", ReportConfig, run)
+SCHEMA = COMMAND.schema

@@ -1,19 +1,17 @@
 """llmlab sample: checkpoint + prompt(s) -> text; one prompt streams to stdout. With
-``draft=<ckpt>`` or ``spec.mtp=true``, speculative decoding (exact).
-
-The command's settings, prompts, both decoders and the speed comparison that pairs them sit
-together: the comparison reruns the same prompts through the other path."""
+``draft=<ckpt>`` or ``spec.mtp=true``, speculative decoding (exact). The decoding itself is
+`llmlab.sample.session`'s; here are the settings, the prompts and what is printed."""
 
 import dataclasses
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import bounded, choice, parse_dataclass, settings_lines, store_schema
+from llmlab.registry import bounded, choice, parse_dataclass
 from llmlab.train.device import PRECISIONS
 
 @dataclass
@@ -66,7 +64,6 @@ class SampleConfig:
             raise ConfigError("spec.draft_vocab: shortlists a draft model's tokens; pass draft=<ckpt> or drop it")
 
 
-SCHEMA = store_schema("sample", SampleConfig)
 SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 
@@ -75,21 +72,12 @@ def sampling_config(cfg: dict):
     return parse_dataclass(SamplingConfig, {k: cfg[k] for k in SAMPLING_KEYS if k in cfg}, "")
 
 
-def validate(cfg: dict) -> None:
-    parse_dataclass(SCHEMA, cfg, "")
-
-
-def help_settings() -> list[str]:
-    return settings_lines(SCHEMA)
-
-
-def read_prompts(cfg: dict) -> list[str]:
+def read_prompts(job: "SampleConfig") -> list[str]:
     from llmlab.errors import UserError
 
-    if cfg.get("prompt_file") is None:
-        prompt = cfg["prompt"]
-        return [prompt] if isinstance(prompt, str) else list(prompt)
-    path = Path(str(cfg["prompt_file"])).expanduser()
+    if job.prompt_file is None:
+        return [job.prompt] if isinstance(job.prompt, str) else list(job.prompt)
+    path = Path(job.prompt_file).expanduser()
     if not path.is_file():
         raise UserError(f"prompt_file: {path} is not a file")
     try:
@@ -123,47 +111,47 @@ def causal_checkpoint(path, key: str):
     return ckpt
 
 
-def run(cfg: dict, run_dir: Path) -> None:
+def run(job: SampleConfig, run_dir: Path) -> None:
     import torch
 
     from llmlab import console
     from llmlab.errors import UserError
     from llmlab.model.packing import should_pack
+    from llmlab.sample.session import StreamWriter, decode_prompts, draft_shortlist
     from llmlab.train.checkpoint import build_model
     from llmlab.train.device import autocast, resolve_device, resolve_precision
 
-    validate(cfg)
-    sampling = sampling_config(cfg)
-    ckpt = causal_checkpoint(cfg["ckpt"], "ckpt")
-    device = resolve_device(str(cfg["device"]))
-    amp = autocast(device, resolve_precision(str(cfg["precision"]), device))
+    sampling = sampling_config(dataclasses.asdict(job))
+    ckpt = causal_checkpoint(job.ckpt, "ckpt")
+    device = resolve_device(job.device)
+    amp = autocast(device, resolve_precision(job.precision, device))
     model = build_model(ckpt, device)
     tok = ckpt.tokenizer()
-    spec_cfg = cfg["spec"]  # the speculative-decoding settings (not a model spec)
+    spec = job.spec  # the speculative-decoding settings (not a model spec)
     draft = draft_vocab = None
-    if cfg.get("draft") is not None:
-        dckpt = causal_checkpoint(cfg["draft"], "draft")
+    if job.draft is not None:
+        dckpt = causal_checkpoint(job.draft, "draft")
         if dckpt.tokenizer_path.read_bytes() != ckpt.tokenizer_path.read_bytes():
             raise UserError(f"draft: {dckpt.path} uses another tokenizer than ckpt={ckpt.path}; "
                             "a draft must share the target's tokenizer")
         draft = build_model(dckpt, device)
-        draft_vocab = draft_shortlist(spec_cfg.get("draft_vocab"), dckpt, ckpt)
-    elif spec_cfg["mtp"] and not len(model.mtp):
+        draft_vocab = draft_shortlist(spec.draft_vocab, dckpt, ckpt)
+    elif spec.mtp and not len(model.mtp):
         raise UserError(f"spec.mtp: {ckpt.path} has no MTP heads (model.mtp_heads=0); train with model.mtp_heads=N "
                         "or pass draft=<ckpt>")
-    prompts = read_prompts(cfg)
-    n = int(cfg["num_samples"])
-    eos_id = tok.eos_id if cfg.get("stop_at_eos", True) else None
+    prompts = read_prompts(job)
+    n = job.num_samples
+    eos_id = tok.eos_id if job.stop_at_eos else None
     encoded = [tok.encode(p) or ([tok.eos_id] if tok.eos_id is not None else [0]) for p in prompts]
-    gen = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
-    speculative = draft is not None or spec_cfg["mtp"]
-    stop = f", min_confidence={spec_cfg['min_confidence']:g}" if spec_cfg.get("min_confidence") else ""
+    gen = torch.Generator(device=device).manual_seed(job.seed)
+    speculative = draft is not None or spec.mtp
+    stop = f", min_confidence={spec.min_confidence:g}" if spec.min_confidence else ""
     stop += f", draft vocabulary {len(draft_vocab):,} tokens" if draft_vocab is not None else ""
-    how = (f", speculative: draft {Path(cfg['draft'])}, k={spec_cfg['k']}{stop}" if draft is not None
+    how = (f", speculative: draft {Path(job.draft)}, k={spec.k}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
-    pack = cfg.get("pack_weights", "auto")
     with amp, torch.no_grad():
-        packed = ", packed weights" if should_pack([model, *([draft] if draft is not None else [])], pack) else ""
+        packed = ", packed weights" if should_pack([model, *([draft] if draft is not None else [])],
+                                                    job.pack_weights) else ""
     console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{packed}{how}", style="dim")
 
     stream = len(prompts) == 1 and n == 1
@@ -171,157 +159,23 @@ def run(cfg: dict, run_dir: Path) -> None:
     if stream:
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
-    t0 = time.perf_counter()
-    with amp:
-        if speculative:
-            results, stats = _speculative(model, draft, encoded, n, sampling, spec_cfg["k"], eos_id, gen, writer,
-                                          float(spec_cfg.get("min_confidence", 0.0)), pack, draft_vocab)
-        else:
-            results, stats = _plain(model, encoded, n, sampling, eos_id, gen, writer, pack)
-    elapsed = time.perf_counter() - t0
-    completions = [(i, _completion(tok, row, eos_id)) for i, row in results]
+    done = decode_prompts(model, tok, encoded, n, sampling, eos_id, gen, draft=draft, mtp=spec.mtp, k=spec.k,
+                          min_confidence=spec.min_confidence, draft_vocab=draft_vocab, compare=spec.compare,
+                          pack=job.pack_weights, amp=amp, writer=writer)
     if stream:
-        rest = completions[0][1][len(writer.printed):]
-        sys.stdout.write(rest + "\n")
+        sys.stdout.write(done.completions[0][1][len(writer.printed):] + "\n")
     else:
-        for j, (i, text) in enumerate(completions):
+        for j, (i, text) in enumerate(done.completions):
             sys.stdout.write(f"--- prompt {i + 1}/{len(prompts)}, sample {j % n + 1}/{n} ---\n{prompts[i]}{text}\n")
     sys.stdout.flush()
-    new_tokens = stats["new_tokens"]
-    ttft = stats["first_token_s"]
-    line = (f"{new_tokens} tokens in {elapsed:.2f}s: {new_tokens / max(elapsed, 1e-9):,.1f} tokens/s; "
-            f"time to first token {ttft * 1000:.0f} ms" if ttft is not None else f"{new_tokens} tokens")
-    record = {"new_tokens": new_tokens, "seconds": elapsed, "tokens_per_s": new_tokens / max(elapsed, 1e-9),
-              "first_token_s": ttft}
-    if speculative:
-        line += (f"; acceptance {stats['acceptance']:.1%}, {stats['tokens_per_forward']:.2f} tokens per target "
-                 f"forward")
-        record.update({k: stats[k] for k in ("acceptance", "tokens_per_forward", "rounds")})
-        if spec_cfg["compare"]:
-            with amp:
-                base = _compare(model, encoded, n, sampling, results, stats, gen, device, pack)
-            base["speedup"] = base["plain_seconds"] / max(elapsed, 1e-9)
-            record.update(base)
-            same = ("; same tokens as plain greedy" if base["identical"] else "; differs from plain greedy") \
-                if sampling.temperature == 0 else ""
-            line += f"; plain decoding {base['plain_tokens_per_s']:,.1f} tokens/s, speed-up {base['speedup']:.2f}x{same}"
-    console.err.print(line, style="dim")
+    console.err.print(done.line, style="dim")
+    settings = {k: v for k, v in dataclasses.asdict(job).items() if k != "ckpt"}
     with open(run_dir / "samples.jsonl", "a") as f:
-        for i, text in completions:
+        for i, text in done.completions:
             f.write(json.dumps({"ckpt": str(ckpt.path), "prompt": prompts[i], "completion": text,
-                                "settings": {k: v for k, v in cfg.items() if k != "ckpt"}}) + "\n")
-        f.write(json.dumps({"stats": record}) + "\n")
+                                "settings": settings}) + "\n")
+        f.write(json.dumps({"stats": done.record}) + "\n")
 
 
-class StreamWriter:
-    """Prints a single sample's text as its tokens arrive, holding back a partial character."""
-
-    def __init__(self, tok):
-        self.tok, self.ids, self.printed = tok, [], ""
-
-    def __call__(self, token: int) -> None:
-        self.ids.append(int(token))
-        text = self.tok.decode(self.ids, skip_special=True)
-        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-            return
-        sys.stdout.write(text[len(self.printed):])
-        sys.stdout.flush()
-        self.printed = text
-
-
-def _completion(tok, row: list[int], eos_id) -> str:
-    if eos_id is not None and eos_id in row:
-        row = row[:row.index(eos_id)]
-    return tok.decode(row, skip_special=True)
-
-
-def _plain(model, encoded, n, sampling, eos_id, gen, writer, pack="auto"):
-    """Prompts of one token length share a batch (no padding, so every row is exact)."""
-    import torch
-
-    from llmlab.sample.generate import generate
-
-    device = next(model.parameters()).device
-    by_length: dict[int, list[int]] = {}
-    for i, ids in enumerate(encoded):
-        by_length.setdefault(len(ids), []).append(i)
-    results: dict[int, list[list[int]]] = {}
-    first: list[float] = []
-    new_tokens = 0
-    t0 = time.perf_counter()
-
-    def on_token(toks):
-        if not first:
-            first.append(time.perf_counter() - t0)
-        if writer is not None:
-            writer(int(toks[0]))
-
-    for length, members in by_length.items():
-        x = torch.tensor([encoded[i] for i in members for _ in range(n)], device=device)
-        out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token, pack=pack)
-        rows = out[:, length:].tolist()
-        for r, i in enumerate(m for m in members for _ in range(n)):
-            results.setdefault(i, []).append(rows[r])
-            new_tokens += len(rows[r][:rows[r].index(eos_id) + 1] if eos_id in rows[r] else rows[r])
-    ordered = [(i, row) for i in range(len(encoded)) for row in results[i]]
-    return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
-
-
-def draft_shortlist(n, dckpt, ckpt):
-    """``spec.draft_vocab``: the ``n`` tokens most frequent in the draft's training data (or,
-    for a draft saved without token counts, the target's); None for all."""
-    from llmlab.errors import UserError
-    from llmlab.sample.speculative import frequent_tokens
-
-    if n is None:
-        return None
-    counts = dckpt.token_counts()
-    counts = counts if counts is not None else ckpt.token_counts()
-    if counts is None:
-        raise UserError(f"spec.draft_vocab: neither draft={dckpt.path} nor ckpt={ckpt.path} holds token counts "
-                        "(token_counts.safetensors, saved by llmlab train); drop spec.draft_vocab or train again")
-    if n >= len(counts):
-        return None
-    return frequent_tokens(counts, n)
-
-
-def _speculative(model, draft, encoded, n, sampling, k, eos_id, gen, writer, min_confidence=0.0, pack="auto",
-                 draft_vocab=None):
-    """One sequence at a time: each row accepts a different number of drafts per round."""
-    from llmlab.sample.speculative import speculative_generate
-
-    results, totals, first = [], {"proposed": 0, "accepted": 0, "forwards": 0, "rounds": 0, "new": 0}, None
-    for i, ids in enumerate(encoded):
-        for _ in range(n):
-            out, st = speculative_generate(model, ids, sampling, k, draft, eos_id, gen, writer, min_confidence, pack,
-                                           draft_vocab)
-            results.append((i, out[len(ids):]))
-            first = st.first_token_s if first is None else first
-            totals["proposed"] += st.proposed
-            totals["accepted"] += st.accepted
-            totals["forwards"] += st.target_forwards
-            totals["rounds"] += st.rounds
-            totals["new"] += st.new_tokens
-    return results, {"new_tokens": totals["new"], "first_token_s": first, "rounds": totals["rounds"],
-                     "acceptance": totals["accepted"] / max(1, totals["proposed"]),
-                     "tokens_per_forward": totals["new"] / max(1, totals["forwards"])}
-
-
-def _compare(model, encoded, n, sampling, results, stats, gen, device, pack="auto") -> dict:
-    """Plain decoding of as many tokens per sequence as the speculative run made, timed."""
-    import dataclasses
-
-    import torch
-
-    from llmlab.sample.generate import generate
-
-    t0 = time.perf_counter()
-    identical = True
-    for (i, row) in results:
-        cfg = dataclasses.replace(sampling, max_new_tokens=len(row))
-        x = torch.tensor([encoded[i]], device=device)
-        out = generate(model, x, cfg, generator=gen, pack=pack)[0, len(encoded[i]):].tolist()
-        identical = identical and out == row
-    plain_s = time.perf_counter() - t0
-    return {"plain_seconds": plain_s, "plain_tokens_per_s": stats["new_tokens"] / max(plain_s, 1e-9),
-            "identical": identical}
+COMMAND = Command("sample", SampleConfig, run)
+SCHEMA = COMMAND.schema

@@ -155,17 +155,15 @@ class TextFiles(Corpus):
         val_fraction: float = 0.1  # one file alone is split at a line val_fraction from its end
 
         def check(self, prefix: str) -> None:
-            if isinstance(self.paths, (str, int, float)):
-                self.paths = str(self.paths)
-            elif not (isinstance(self.paths, list) and all(isinstance(p, (str, int, float)) for p in self.paths)):
+            if not (isinstance(self.paths, (str, int, float)) or (
+                    isinstance(self.paths, list) and all(isinstance(p, (str, int, float)) for p in self.paths))):
                 raise ConfigError(f"{prefix}.paths: expected a path or a list of paths, got {self.paths!r}")
-            else:
-                self.paths = [str(p) for p in self.paths]
-            if not self.paths:
+            if not self.paths and self.paths != 0:
                 raise ConfigError(f"{prefix}.paths: no files given; set {prefix}.paths=[file.txt,'dir/**/*.md']")
 
     def files(self) -> list[str]:
-        patterns = [self.cfg.paths] if isinstance(self.cfg.paths, str) else list(self.cfg.paths)
+        paths = self.cfg.paths
+        patterns = [str(p) for p in (paths if isinstance(paths, list) else [paths])]
         if not patterns:
             raise ConfigError("data.paths: no files given; set data.paths=[file.txt,'dir/**/*.md']")
         found: set[str] = set()

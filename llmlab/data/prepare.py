@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -100,14 +100,14 @@ def settings_key(data_cfg: Any, tok_cfg: Any, fingerprint: Mapping[str, Any], to
     return f"{data_cfg.kind}-{tok_cfg.kind}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def prepare(data_section: Mapping[str, Any], tok_section: Mapping[str, Any], cache_dir: str | None = None,
-            quiet: bool = False) -> Prepared:
+def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool = False) -> Prepared:
     """Return the cache entry for these settings, building it if it does not exist yet (or
-    continuing the build a killed run left)."""
+    continuing the build a killed run left). ``data`` and ``tokenizer``: their typed Configs
+    (a resolved job's), or plain mappings, checked here."""
     from llmlab.data.build import Builder, check_empty, describe_resume, lock_partial
 
-    data_cfg = CORPUS.config(data_section, "data")
-    tok_cfg = TOKENIZER.config(tok_section, "tokenizer")
+    data_cfg = data if is_dataclass(data) else CORPUS.config(data, "data")
+    tok_cfg = tokenizer if is_dataclass(tokenizer) else TOKENIZER.config(tokenizer, "tokenizer")
     corpus = CORPUS.build(data_cfg)
     factory = TOKENIZER.build(tok_cfg)
     key = settings_key(data_cfg, tok_cfg, corpus.fingerprint(), factory.fingerprint())

@@ -139,6 +139,13 @@ class TokenizerFactory:
     def __init__(self, cfg):
         self.cfg = cfg
 
+    @staticmethod
+    def planned_vocab(cfg) -> int:
+        """The vocabulary size these settings will give, before any text is read, for the checks
+        that run before data preparation; where it cannot be known (a file not yet read), the
+        smallest any tokenizer has: the 256 bytes and ``<|endoftext|>``."""
+        return 257
+
     def fingerprint(self) -> dict[str, Any]:
         return dict(vars(self.cfg))
 
@@ -157,6 +164,10 @@ class TokenizerFactory:
 class ByteLevelBPE(TokenizerFactory):
     """Byte-level BPE (Radford et al. 2019, GPT-2, section 2.2) trained on the train split,
     with GPT-2 pre-tokenization and ``<|endoftext|>`` as the one special token."""
+
+    @staticmethod
+    def planned_vocab(cfg) -> int:
+        return cfg.vocab_size
 
     @dataclass
     class Config:

@@ -14,23 +14,22 @@ from llmlab.data.prepare import Prepared, cache_root, prepare
 from llmlab.errors import UserError
 
 
-def eval_tokens(ckpt, cfg: dict[str, Any]) -> tuple[np.ndarray, int, str]:
-    """(tokens, source bytes they encode, a description) for ``text=``, ``data=`` or the
-    checkpoint's own validation split."""
+def eval_tokens(ckpt, text: str | None = None, split: str = "val", data: Any = None,
+                cache_dir: str | None = None) -> tuple[np.ndarray, int, str]:
+    """(tokens, source bytes they encode, a description) for ``text`` (a file), ``data`` (a
+    corpus's Config) or the checkpoint's own data, its ``split``."""
     tok = ckpt.tokenizer()
-    if cfg.get("text"):
-        path = Path(str(cfg["text"])).expanduser()
+    if text:
+        path = Path(text).expanduser()
         if not path.is_file():
             raise UserError(f"text: {path} is not a file")
         doc = read_file(path)
         ids = [i for p in tok.encode_batch(pieces(doc.text)) for i in p]
         return np.asarray(ids, dtype=np.int64), doc.nbytes, str(path)
-    split = cfg.get("split", "val")
-    prepared = _same_data_entry(ckpt, cfg)
+    prepared = _same_data_entry(ckpt, cache_dir) if data is None else None
     if prepared is None:
-        data = cfg.get("data") or trusted_data(ckpt)
-        prepared = prepare(data, {"kind": "pretrained", "path": str(ckpt.tokenizer_path), "eos": tok.eos},
-                           cfg.get("cache_dir"))
+        prepared = prepare(data or trusted_data(ckpt),
+                           {"kind": "pretrained", "path": str(ckpt.tokenizer_path), "eos": tok.eos}, cache_dir)
     return prepared.tokens(split), prepared.meta[split]["bytes"], f"{prepared.meta['settings']['data']['kind']}:{split}"
 
 
@@ -48,14 +47,14 @@ def trusted_data(ckpt) -> dict[str, Any]:
                     f"on the command line (the checkpoint records {shown or 'no settings'}), or text=<file>")
 
 
-def _same_data_entry(ckpt, cfg) -> Prepared | None:
+def _same_data_entry(ckpt, cache_dir: str | None) -> Prepared | None:
     """The cache entry the run trained on, if it is here and used this exact tokenizer."""
     import json
     key = ckpt.state.get("data_key")
     # a plain entry name: a checkpoint's state.json must not point the cache anywhere else
-    if cfg.get("data") is not None or not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key):
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key):
         return None
-    entry = cache_root(cfg.get("cache_dir")) / key
+    entry = cache_root(cache_dir) / key
     try:
         same = _digest(entry / "tokenizer.json") == _digest(ckpt.tokenizer_path)
         return Prepared(entry, json.loads((entry / "meta.json").read_text())) if same else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,7 +24,7 @@ from llmlab.data.batches import RandomWindows, check_length
 from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError
 from llmlab.files import RunLock, atomic_write_text, disk_error
-from llmlab.model.transformer import ModelSpec, Transformer
+from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import decode_setting, decode_speed
 from llmlab.train import resume
 from llmlab.train.card import (DECODE_SETTING, finished_summary, model_card, print_done, print_model_card,
@@ -39,17 +40,19 @@ from llmlab.train.meter import History, LogWindow, train_progress
 from llmlab.train.mfu import device_peak_flops, raise_device_peak
 from llmlab.train.optim import build_optimizer
 from llmlab.train.schedule import SCHEDULE
-from llmlab.names import run_id
-from llmlab.train.settings import check_train_config
+from llmlab.train.settings import TrainJob, check_train_config
 from llmlab.train.stopping import StopPolicy, check_finite, how_to_continue
 
 
-def run_training(cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False) -> dict[str, Any]:
-    """Train as ``cfg`` (a resolved plain dict of the whole ``train`` config) says; write
-    metrics, checkpoints and ``summary.json`` into ``run_dir``; return the summary. Under
-    torchrun every rank calls this; rank 0's ``run_dir`` is the one used. ``in_sweep``: the
-    run is one job of a sweep, which changes only what a stopped run says to do next."""
-    trainer = Trainer(cfg, run_dir, in_sweep)
+def run_training(job: TrainJob | Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False) -> dict[str, Any]:
+    """Train as ``job`` says (a `TrainJob`, or the composed ``train`` config as a plain dict,
+    resolved here); write metrics, checkpoints and ``summary.json`` into ``run_dir``; return
+    the summary. Under torchrun every rank calls this; rank 0's ``run_dir`` is the one used.
+    ``in_sweep``: the run is one job of a sweep, which changes only what a stopped run says to
+    do next."""
+    if not isinstance(job, TrainJob):
+        job = check_train_config(job)
+    trainer = Trainer(job, run_dir, in_sweep)
     try:
         summary = trainer.run()
     except BaseException:
@@ -63,24 +66,23 @@ class Trainer:
     """One training run: built in ``__init__`` (data, model, optimizer, resume state), then
     ``run`` steps it to the end or to a budget and writes the summary."""
 
-    def __init__(self, cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False):
+    def __init__(self, job: TrainJob, run_dir: str | Path, in_sweep: bool = False):
         self._quiet_before = console.out.quiet  # restored by close(), however far the build got
         try:
-            self._build(cfg, run_dir, in_sweep)
+            self._build(job, run_dir, in_sweep)
         except BaseException:
             self.close(clean=False)
             raise
 
     # ---- building a run ----------------------------------------------------------------------
 
-    def _build(self, cfg: Mapping[str, Any], run_dir: str | Path, in_sweep: bool) -> None:
+    def _build(self, job: TrainJob, run_dir: str | Path, in_sweep: bool) -> None:
         self.t_begin = time.perf_counter()  # wall time includes data preparation and model build
-        self.cfg, self.in_sweep = cfg, in_sweep
-        self.job = job = check_train_config(cfg)
+        self.job, self.in_sweep = job, in_sweep
         self.loop = loop = job.loop
         self.dist, self.device = init_distributed(resolve_device(job.device), loop.fsdp)
         console.out.quiet = console.out.quiet or not self.dist.is_main  # one rank speaks
-        self.run_id = run_id(cfg)
+        self.run_id = job.run_id
         self._claim_run_dir(run_dir)
         self.precision = resolve_precision(job.precision, self.device)
         self.finished = finished_summary(self.run_dir, self.run_id) if loop.resume == "auto" else None
@@ -125,17 +127,17 @@ class Trainer:
     def _build_data(self) -> None:
         job, loop, dist = self.job, self.loop, self.dist
         if dist.is_main:  # one rank fills the cache; the others then read it
-            self.prepared = prepare(self.cfg["data"], self.cfg["tokenizer"], job.cache_dir)
+            self.prepared = prepare(job.data, job.tokenizer, job.cache_dir)
         barrier(dist)
         if not dist.is_main:
-            self.prepared = prepare(self.cfg["data"], self.cfg["tokenizer"], job.cache_dir)
+            self.prepared = prepare(job.data, job.tokenizer, job.cache_dir)
         prepared = self.prepared
-        self.spec = ModelSpec.from_config(self.cfg, prepared.vocab_size)
+        self.spec = replace(job.spec, vocab_size=prepared.vocab_size)
         self.seq_len = seq_len = self.spec.model.max_seq_len
         self.train_tokens, self.val_tokens = prepared.tokens("train"), prepared.tokens("val")
         self._token_counts = None  # counted at the first save
         check_length(self.val_tokens, seq_len, "val")
-        self.tokens_per_step = loop.batch_size * loop.grad_accum * seq_len * dist.world_size
+        self.tokens_per_step = loop.batch_size * job.grad_accum * seq_len * dist.world_size
         self.sampler = RandomWindows(self.train_tokens, seq_len, loop.batch_size, job.seed, dist.rank, dist.world_size)
         self.mask_rng = torch.Generator().manual_seed(job.seed * 1000 + dist.rank)  # MLM masking, on the CPU
         self.tokenizer = prepared.tokenizer()
@@ -236,8 +238,8 @@ class Trainer:
         self.samples = JsonlWriter(self.run_dir / "samples.jsonl") if main else None  # the prompt completions
         self.logger = SafeLogger(LOGGER.build(self.job.logger if main else NoLogger.Config()))
         if main:
-            (self.run_dir / "config.yaml").write_text(_yaml(self.cfg))
-            self.logger.start(self.run_dir, {**self.cfg, "model_card": self.card, "run_id": self.run_id,
+            (self.run_dir / "config.yaml").write_text(_yaml(self.job.config))
+            self.logger.start(self.run_dir, {**self.job.config, "model_card": self.card, "run_id": self.run_id,
                                              "world_size": self.dist.world_size})
 
     def _set_lr(self, step: int) -> float:
@@ -250,12 +252,13 @@ class Trainer:
         """Forward and backward over ``grad_accum`` micro-batches; gradients are all-reduced
         on the last one only. Returns the last micro-batch's loss."""
         loop, model, distiller = self.loop, self.model, self.distiller
-        for micro in range(loop.grad_accum):
+        accum = self.job.grad_accum
+        for micro in range(accum):
             batch = (distiller.next_window(self.sampler.next_window, self.amp) if distiller is not None
                      else self.sampler.next_window())
             x, y = model.objective.make_batch(batch, model.vocab_size, self.mask_rng)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with gradient_sync(self.wrapped, self.dist, sync=micro == loop.grad_accum - 1):
+            with gradient_sync(self.wrapped, self.dist, sync=micro == accum - 1):
                 with self.amp:
                     # the distiller reads the logits; otherwise the loss need not keep them
                     out = self.step_model(x, y, logits=distiller is not None, head_loss=loop.head_loss)
@@ -265,7 +268,7 @@ class Trainer:
                         # the data term keeps (1 - weight); auxiliary losses (MoE, MTP) stay whole
                         loss = loss + distiller.cfg.weight * (kl - out.main_loss)
                         out.metrics["distill/kl"] = kl.detach()
-                self.scaler.scale(loss / loop.grad_accum).backward()
+                self.scaler.scale(loss / accum).backward()
             window.add(out.metrics)
         window.stepped()
         return out.metrics["loss/main"].detach()
@@ -339,7 +342,7 @@ class Trainer:
         summary = {
             "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
             "tokens": self.tokens_seen, "flops": self.tokens_seen * card["flops_per_token"],
-            "max_flops": self.loop.max_flops, "elapsed_s": round(elapsed, 2), "train_loss": seen["train_loss"],
+            "max_flops": self.job.max_flops, "elapsed_s": round(elapsed, 2), "train_loss": seen["train_loss"],
             "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"),
             "val_ppl": last_val.get("val/ppl"), "val_accuracy": last_val.get("val/accuracy"),
             "objective": self.spec.objective.kind,

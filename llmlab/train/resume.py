@@ -134,7 +134,7 @@ def save(trainer, step: int, window: dict | None = None) -> Path | None:
         if trainer.scaler.is_enabled():
             state["scaler"] = trainer.scaler.state_dict()
         path = save_checkpoint(
-            trainer.run_dir / "checkpoints", step, weights, trainer.spec.to_dict(), trainer.cfg,
+            trainer.run_dir / "checkpoints", step, weights, trainer.spec.to_dict(), trainer.job.config,
             prepared.path / "tokenizer.json",
             state={"tokens_seen": trainer.tokens_seen, "val": trainer.last_val, "run_id": trainer.run_id,
                    "world_size": dist.world_size, "data_rng": trainer.sampler.state(),

@@ -5,15 +5,15 @@ import it."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
-from llmlab.names import parse_flops
-from llmlab.registry import bounded, choice, parse_dataclass, section, store_schema
+from llmlab.names import parse_flops, run_id
+from llmlab.registry import bounded, choice, parse_dataclass, section
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim_config import OPTIMIZER
@@ -49,24 +49,28 @@ class LoopConfig:
     head_loss: str = choice("auto", HEAD_LOSS)  # fused: LM head + cross-entropy in chunks, no logits kept; auto: fused where a micro-batch has >= 4M logits, not in fp16
 
     def check(self, prefix: str) -> None:
-        if self.max_flops is not None:
-            self.max_flops = parse_flops(self.max_flops, f"{prefix}.max_flops")
-            if self.max_tokens is not None:
-                raise ConfigError(f"{prefix}.max_flops: set either max_flops or max_tokens (both set the run's length), "
-                                  f"not both: max_flops={self.max_flops:.3g}, max_tokens={self.max_tokens}")
+        budget = self.flops_budget(prefix)
+        if budget is not None and self.max_tokens is not None:
+            raise ConfigError(f"{prefix}.max_flops: set either max_flops or max_tokens (both set the run's length), "
+                              f"not both: max_flops={budget:.3g}, max_tokens={self.max_tokens}")
+
+    def flops_budget(self, prefix: str = "train") -> float | None:
+        """``max_flops`` as a number (it may be written ``1e15*6``); None: no budget."""
+        return None if self.max_flops is None else parse_flops(self.max_flops, f"{prefix}.max_flops")
 
     def planned_steps(self, tokens_per_step: int, flops_per_token: int) -> int:
         """Optimizer steps of the run: enough to cover ``max_tokens`` or ``max_flops`` (the
         last step may pass it by less than a step), else ``steps``."""
         if self.max_tokens:
             return math.ceil(self.max_tokens / tokens_per_step)
-        if self.max_flops is not None:
+        budget = self.flops_budget()
+        if budget is not None:
             per_step = flops_per_token * tokens_per_step
-            if self.max_flops < per_step:
-                raise ConfigError(f"train.max_flops: {self.max_flops:.3g} is less than one step, which takes "
+            if budget < per_step:
+                raise ConfigError(f"train.max_flops: {budget:.3g} is less than one step, which takes "
                                   f"{per_step:.3g} FLOPs ({flops_per_token:,} FLOPs/token x {tokens_per_step:,} "
                                   "tokens/step)")
-            return math.ceil(self.max_flops / per_step)
+            return math.ceil(budget / per_step)
         return self.steps
 
 
@@ -115,57 +119,70 @@ class TrainConfig:
         resolve_device(self.device)  # an unknown or absent device is a config mistake
 
 
-store_schema("train", TrainConfig)
-TOP_LEVEL = {f.name for f in fields(TrainConfig)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainJob:
+    """What ``llmlab train`` runs: the composed config resolved once into typed parts, with
+    every value derived from the settings (``grad_accum`` from ``train.batch_tokens``, the
+    FLOP budget as a number) computed here. ``config`` keeps the settings as the user wrote
+    them (resolved by Hydra): the run's ``config.yaml``, its run id and its checkpoints'
+    record of what trained them. Data preparation, the model builder, the optimizer and the
+    checkpoints take their typed part from here; nothing downstream parses the config again."""
+
     seed: int
     device: str
     precision: str
     cache_dir: str | None
     data: Any
     tokenizer: Any
-    spec: ModelSpec
+    spec: ModelSpec  # with the configured vocabulary; the trainer sets the prepared one
     optim: Any
     sched: Any
     logger: Any
     loop: LoopConfig
     distill: DistillConfig
+    grad_accum: int  # micro-batches per optimizer step: train.batch_tokens / (batch_size x max_seq_len), else train.grad_accum
+    max_flops: float | None  # train.max_flops as a number
+    config: Mapping[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return run_id(self.config)
+
+    def with_logger_group(self, group: str) -> "TrainJob":
+        """The job with ``logger.group`` set (a sweep's jobs share one group), in both its
+        typed logger and the settings it records."""
+        config = {**self.config, "logger": {**dict(self.config.get("logger") or {}), "group": group}}
+        return replace(self, logger=replace(self.logger, group=group), config=config)
 
 
 def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
-    """Check every section of a composed ``train`` config; the first problem is a ConfigError
-    that names its key. Also builds a block's parts on the meta device, so size constraints
-    between parts (heads and kv_heads, say) fail here rather than after data preparation."""
-    top = parse_dataclass(TrainConfig, {k: v for k, v in cfg.items() if k != "hydra"}, "")
+    """Resolve a composed ``train`` config into its `TrainJob`, checking every section; the
+    first problem is a ConfigError that names its key. Also builds a block's parts on the meta
+    device, so size constraints between parts (heads and kv_heads, say) fail here rather than
+    after data preparation."""
+    cfg = {k: v for k, v in cfg.items() if k != "hydra"}
+    top = parse_dataclass(TrainConfig, cfg, "")
     tokenizer = TOKENIZER.config(top.tokenizer, "tokenizer")
-    job = TrainJob(
-        seed=top.seed,
-        device=top.device,
-        precision=top.precision,
-        cache_dir=top.cache_dir,
-        data=CORPUS.config(top.data, "data"),
-        tokenizer=tokenizer,
-        # the real vocabulary is known after tokenizing; the configured size stands in for the checks
-        spec=ModelSpec.from_config(cfg, vocab_size=getattr(tokenizer, "vocab_size", 257)),
-        optim=OPTIMIZER.config(top.optim, "optim"),
-        sched=SCHEDULE.config(top.sched, "sched"),
-        logger=LOGGER.config(top.logger, "logger"),
-        loop=top.train,
-        distill=top.distill,
-    )
-    if job.distill.teacher and job.distill.data == "teacher" and job.distill.prompt_tokens > job.spec.model.max_seq_len:
-        raise ConfigError(f"distill.prompt_tokens: must be at most model.max_seq_len={job.spec.model.max_seq_len}, "
-                          f"got {job.distill.prompt_tokens}")
-    if job.loop.batch_tokens is not None:
-        micro = job.loop.batch_size * job.spec.model.max_seq_len
-        if job.loop.batch_tokens < micro or job.loop.batch_tokens % micro:
-            raise ConfigError(f"train.batch_tokens: {job.loop.batch_tokens} is not a multiple of train.batch_size * "
+    # the real vocabulary is known after tokenizing; the tokenizer's planned size stands in for the checks
+    spec = ModelSpec.from_config(cfg, vocab_size=TOKENIZER.get(tokenizer.kind).planned_vocab(tokenizer))
+    data, optim = CORPUS.config(top.data, "data"), OPTIMIZER.config(top.optim, "optim")
+    sched, logger = SCHEDULE.config(top.sched, "sched"), LOGGER.config(top.logger, "logger")
+    loop, distill = top.train, top.distill
+    if distill.teacher and distill.data == "teacher" and distill.prompt_tokens > spec.model.max_seq_len:
+        raise ConfigError(f"distill.prompt_tokens: must be at most model.max_seq_len={spec.model.max_seq_len}, "
+                          f"got {distill.prompt_tokens}")
+    grad_accum = loop.grad_accum
+    if loop.batch_tokens is not None:
+        micro = loop.batch_size * spec.model.max_seq_len
+        if loop.batch_tokens < micro or loop.batch_tokens % micro:
+            raise ConfigError(f"train.batch_tokens: {loop.batch_tokens} is not a multiple of train.batch_size * "
                               f"model.max_seq_len = {micro}")
-        job.loop.grad_accum = job.loop.batch_tokens // micro
+        grad_accum = loop.batch_tokens // micro
     from llmlab.model.transformer import check_sizes
 
-    check_sizes(job.spec)
-    return job
+    check_sizes(spec)
+    return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
+                    data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
+                    distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg)
