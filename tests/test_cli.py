@@ -578,3 +578,19 @@ def test_the_same_sweep_again_skips_finished_runs_and_resumes_the_rest(trained):
     assert (jobs[0] / "summary.json").read_text() == summary0  # untouched
     assert json.loads((jobs[1] / "summary.json").read_text())["steps"] == 4
     assert list((root / "outputs" / "train-sweep").iterdir()) == [sweep]
+
+
+def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
+    """The check before Hydra's app resolves the composed config into the job, and the app
+    runs that job: the model sections are parsed once (once more per checkpoint loaded)."""
+    from llmlab.model.config import ModelSpec
+
+    calls = []
+    original = ModelSpec.from_config.__func__
+    monkeypatch.setattr(ModelSpec, "from_config",
+                        classmethod(lambda cls, cfg, vocab_size: calls.append(1) or original(cls, cfg, vocab_size)))
+    (tmp_path / "c.txt").write_text("def f(x):\n    return x\n" * 200)
+    check_cli("train", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=2", "train.eval_every=0",
+              "hydra.run.dir=run", cwd=tmp_path)
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert len(calls) == 1
