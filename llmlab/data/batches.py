@@ -37,10 +37,11 @@ class RandomWindows:
         starts = starts[self.rank * self.batch:(self.rank + 1) * self.batch]
         return torch.from_numpy(np.stack([self.tokens[s:s + self.block + 1] for s in starts]).astype(np.int64))
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
+        """Where the window stream is: numpy's generator state (JSON-safe)."""
         return self.rng.bit_generator.state
 
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state
 
 

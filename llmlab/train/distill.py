@@ -113,10 +113,10 @@ class Distiller:
         student.train(was_training)
         return {"val/teacher_agreement": agree / max(1, count), "val/teacher_kl": kl / max(1, count)}
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         """What the next windows depend on: the sampling generator and the unread pool."""
         return {"generator": self.generator.get_state().cpu(), "pool": [w.cpu() for w in self.pool]}
 
-    def load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
         self.pool = [w.to(self.device) for w in state["pool"]]

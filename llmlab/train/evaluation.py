@@ -3,29 +3,48 @@ fixed set of windows, a teacher comparison when distilling, and short prompt com
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 import torch
 
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
 from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import SamplingConfig, generate
+from llmlab.train.settings import LoopConfig
 
 
-def evaluate(trainer) -> tuple[dict[str, float], list[tuple[str, str]]]:
-    """Validation metrics and prompt completions of ``trainer``'s model. Every rank scores the
-    same windows, so all agree without a reduction; under FSDP they must all take part anyway."""
-    loop, model, windows = trainer.loop, trainer.model, trainer.loop.eval_windows or None
-    res = evaluate_loss(model, trainer.val_tokens, trainer.seq_len, loop.batch_size, trainer.device, trainer.amp,
-                        windows)
-    out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
-    if trainer.distiller is not None:
-        out.update(trainer.distiller.compare(model, trainer.val_tokens, trainer.seq_len, loop.batch_size,
-                                             trainer.device, trainer.amp, windows))
-    samples = []
-    if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
-        out["val/bpb"] = bits_per_byte(res["loss"], 1, trainer.bytes_per_token_val)
-        samples = complete_prompts(model, trainer.tokenizer, loop.prompts, loop.sample_tokens, trainer.device,
-                                   trainer.job.seed)
-    return out, samples
+@dataclass
+class Evaluator:
+    """The periodic evaluation of a run: its validation tokens and how to score them, built
+    once with the run; ``evaluator(model)`` returns the metrics and prompt completions. Every
+    rank scores the same windows, so all agree without a reduction; under FSDP they must all
+    take part anyway."""
+
+    val_tokens: np.ndarray
+    seq_len: int
+    loop: LoopConfig
+    amp: Any  # the autocast context the run trains in
+    distiller: Any  # a `Distiller` (also compares with its teacher), or None
+    tokenizer: Any
+    bytes_per_token: float  # of the validation split, for bits per byte
+    seed: int
+    device: torch.device
+
+    def __call__(self, model: Transformer) -> tuple[dict[str, float], list[tuple[str, str]]]:
+        loop, windows = self.loop, self.loop.eval_windows or None
+        res = evaluate_loss(model, self.val_tokens, self.seq_len, loop.batch_size, self.device, self.amp, windows)
+        out = {"val/loss": res["loss"], "val/ppl": res["ppl"], "val/accuracy": res["accuracy"]}
+        if self.distiller is not None:
+            out.update(self.distiller.compare(model, self.val_tokens, self.seq_len, loop.batch_size, self.device,
+                                              self.amp, windows))
+        samples = []
+        if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
+            out["val/bpb"] = bits_per_byte(res["loss"], 1, self.bytes_per_token)
+            samples = complete_prompts(model, self.tokenizer, loop.prompts, loop.sample_tokens, self.device,
+                                       self.seed)
+        return out, samples
 
 
 def val_line(step: int, val: dict[str, float]) -> str:

@@ -34,13 +34,15 @@ from llmlab.train.recovery import recover_checkpoints
 from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
 from llmlab.train.distill import Distiller
 from llmlab.train.distributed import barrier, broadcast, gradient_sync, init_distributed, mean, shutdown, wrap_model
-from llmlab.train.evaluation import evaluate, val_line
+from llmlab.train.evaluation import Evaluator, val_line
 from llmlab.train.loggers import LOGGER, JsonlWriter, NoLogger, SafeLogger
 from llmlab.train.meter import History, LogWindow, train_progress
 from llmlab.train.mfu import device_peak_flops, raise_device_peak
 from llmlab.train.optim import build_optimizer
 from llmlab.train.schedule import SCHEDULE
+from llmlab.train.resume import Resumable, RunRecord
 from llmlab.train.settings import TrainJob, check_train_config
+from llmlab.train.state import Progress, RankRandom
 from llmlab.train.stopping import StopPolicy, check_finite, how_to_continue
 
 
@@ -68,6 +70,8 @@ class Trainer:
 
     def __init__(self, job: TrainJob, run_dir: str | Path, in_sweep: bool = False):
         self._quiet_before = console.out.quiet  # restored by close(), however far the build got
+        # what close() releases, set as the build gets to it
+        self.metrics = self.samples = self.logger = self.lock = self.dist = None
         try:
             self._build(job, run_dir, in_sweep)
         except BaseException:
@@ -92,14 +96,25 @@ class Trainer:
         self._build_data()
         self._build_model()
         self._build_optimizer()
-        self.start_step, self.tokens_seen, self.last_val = 0, 0, {}
-        self.previous: list[dict] = []  # metrics.jsonl records of the steps before a resume
-        self.carried_window: dict = {}  # the logging interval a checkpoint cut in two
+        self.progress = Progress()
+        self.window = LogWindow(self.device, self.dist)
+        self.resumable = Resumable(self.model, self.optimizer, self.scaler, self.sampler, self.random, self.distiller,
+                                   self.progress, self.window)
         if self.ckpt is not None:
-            resume.restore(self, self.ckpt)
-        elif self.dist.is_main:  # records of an earlier start that saved no checkpoint are redone
-            for name in ("metrics.jsonl", "samples.jsonl"):
-                JsonlWriter.truncate_after(self.run_dir / name, 0)
+            resume.restore(self.resumable, self.ckpt, self.dist, loop.resume_weights_only)
+        self.start_step = self.progress.step
+        self.previous: list[dict] = []  # metrics.jsonl records of the steps before a resume
+        if self.dist.is_main:  # the records of steps after the checkpoint (or all, without one) are redone
+            self.previous = JsonlWriter.truncate_after(self.run_dir / "metrics.jsonl", self.start_step)
+            JsonlWriter.truncate_after(self.run_dir / "samples.jsonl", self.start_step)
+        prepared = self.prepared
+        self.record = RunRecord(self.run_dir, self.run_id, self.spec.to_dict(), job.config,
+                                prepared.path / "tokenizer.json",
+                                {"data_key": prepared.meta["key"], "eos": prepared.meta["eos"],
+                                 "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
+                                self.weight_names, loop.keep_checkpoints, self.token_counts)
+        self.evaluator = Evaluator(self.val_tokens, self.seq_len, loop, self.amp, self.distiller, self.tokenizer,
+                                   self.bytes_per_token_val, job.seed, self.device)
         dist = self.dist
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
         console.out.print(f"device {self.device} ({self.precision}){parallel}; {self.tokens_per_step:,} tokens/step, "
@@ -112,7 +127,6 @@ class Trainer:
         holds no other config's run, and only then finishes what a killed save left; the other
         ranks look at it only then."""
         self.run_dir = Path(broadcast(str(run_dir), self.dist))
-        self.lock = None
         if self.dist.is_main:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +153,7 @@ class Trainer:
         check_length(self.val_tokens, seq_len, "val")
         self.tokens_per_step = loop.batch_size * job.grad_accum * seq_len * dist.world_size
         self.sampler = RandomWindows(self.train_tokens, seq_len, loop.batch_size, job.seed, dist.rank, dist.world_size)
-        self.mask_rng = torch.Generator().manual_seed(job.seed * 1000 + dist.rank)  # MLM masking, on the CPU
+        self.random = RankRandom(job.seed, dist.rank)
         self.tokenizer = prepared.tokenizer()
         self.bytes_per_token_val = prepared.bytes_per_token("val")
 
@@ -192,7 +206,8 @@ class Trainer:
             return self.finished
         self._open_records()
         loop, steps = self.loop, self.steps
-        window, history = LogWindow(self.device, self.dist, self.carried_window), History(self.previous, loop.log_every)
+        window, history = self.window, History(self.previous, loop.log_every)
+        window.restart_clock()
         progress, stop = train_progress(console.out, steps), StopPolicy(loop, self.dist, self.device)
         done, ckpt, stopping = self.start_step, (self.ckpt.path if self.ckpt is not None else None), None
         self.model.train()
@@ -202,7 +217,8 @@ class Trainer:
                 lr = self._set_lr(step)
                 step_loss = self._step(window)
                 grad_norm = self._update()
-                self.tokens_seen += self.tokens_per_step
+                self.progress.tokens_seen += self.tokens_per_step
+                self.progress.step = step + 1
                 done = step + 1
                 if done % loop.log_every == 0 or done == steps:
                     self._log(window, history, done, lr, grad_norm, ckpt, progress, task)
@@ -213,7 +229,7 @@ class Trainer:
                     window.pause(self._evaluate, done, history, progress)  # eval time is not training time
                 if (loop.ckpt_every and done % loop.ckpt_every == 0) or done == steps or stopping:
                     check_finite(float(mean(step_loss, self.dist)), done, ckpt)  # never save a diverged model
-                    ckpt = window.pause(resume.save, self, done, window.carry())
+                    ckpt = window.pause(resume.save, self.resumable, self.record, self.dist)
                 progress.update(task, completed=done)
                 if stopping:
                     progress.console.print(how_to_continue(stopping, done, ckpt, self.run_dir, self.in_sweep),
@@ -256,7 +272,7 @@ class Trainer:
         for micro in range(accum):
             batch = (distiller.next_window(self.sampler.next_window, self.amp) if distiller is not None
                      else self.sampler.next_window())
-            x, y = model.objective.make_batch(batch, model.vocab_size, self.mask_rng)
+            x, y = model.objective.make_batch(batch, model.vocab_size, self.random.mask)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with gradient_sync(self.wrapped, self.dist, sync=micro == accum - 1):
                 with self.amp:
@@ -309,7 +325,7 @@ class Trainer:
         if flops > self.peak:
             self._peak_exceeded(flops)
         record = {"step": done, "train/loss": closed["loss"], "train/lr": lr, "train/grad_norm": float(grad_norm),
-                  "train/tokens": self.tokens_seen, "perf/tokens_per_s": tok_s, "perf/mfu": flops / self.peak,
+                  "train/tokens": self.progress.tokens_seen, "perf/tokens_per_s": tok_s, "perf/mfu": flops / self.peak,
                   **({"perf/other_load": load} if load is not None else {}),
                   **{f"perf/{k}": v for k, v in memory_stats(self.device).items()}, **closed["extra"]}
         check_finite(record["train/loss"], done, ckpt)
@@ -323,10 +339,10 @@ class Trainer:
             console.keep(f"step {done:>6}/{self.steps}  {status}")
 
     def _evaluate(self, done: int, history: History, progress) -> None:
-        self.last_val, samples = evaluate(self)
-        self._record({"step": done, **self.last_val, "train/tokens": self.tokens_seen}, history)
+        self.progress.last_val, samples = self.evaluator(self.model)
+        self._record({"step": done, **self.progress.last_val, "train/tokens": self.progress.tokens_seen}, history)
         self.logger.log_samples(samples, done)
-        progress.console.print(val_line(done, self.last_val))
+        progress.console.print(val_line(done, self.progress.last_val))
         for prompt, text in samples:
             progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
             if self.samples is not None:
@@ -334,14 +350,14 @@ class Trainer:
 
     def _finish(self, done: int, history: History, elapsed: float, ckpt_path: Path | None,
                 stopped_by: str | None) -> dict[str, Any]:
-        last_val, card = self.last_val, self.card
+        last_val, card, tokens_seen = self.progress.last_val, self.card, self.progress.tokens_seen
         seen = summarize(history.records, history.rates, history.loads)
         speed = seen["speed"]
         # decode speed for the cost card; all ranks take part (FSDP needs every rank in a forward)
         decode = decode_speed(self.model, **DECODE_SETTING) if self.model.objective.causal else None
         summary = {
             "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
-            "tokens": self.tokens_seen, "flops": self.tokens_seen * card["flops_per_token"],
+            "tokens": tokens_seen, "flops": tokens_seen * card["flops_per_token"],
             "max_flops": self.job.max_flops, "elapsed_s": round(elapsed, 2), "train_loss": seen["train_loss"],
             "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"),
             "val_ppl": last_val.get("val/ppl"), "val_accuracy": last_val.get("val/accuracy"),
@@ -392,15 +408,15 @@ class Trainer:
         """Flush and release everything the run holds. ``clean``: every rank got here the
         normal way, so they can meet at a barrier before the process group goes (after an
         error another rank may never arrive)."""
-        for name in ("metrics", "samples"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).close()
-        if getattr(self, "logger", None) is not None:
+        for records in (self.metrics, self.samples):
+            if records is not None:
+                records.close()
+        if self.logger is not None:
             self.logger.finish()
         console.out.quiet = self._quiet_before
-        if getattr(self, "lock", None) is not None:
+        if self.lock is not None:
             self.lock.release()
-        if getattr(self, "dist", None) is not None:
+        if self.dist is not None:
             shutdown(self.dist, clean)
 
 

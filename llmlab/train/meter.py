@@ -17,18 +17,20 @@ from llmlab.train.distributed import mean
 class LogWindow:
     """The training steps since the last log line. Losses stay tensors on the device (no
     sync per step); ``close`` reduces them over ranks and starts the next window. A resume in
-    mid-interval carries the interval's sums on (``carried``, from `carry` at the save), so
-    its average covers the whole interval, as an uninterrupted run's does."""
+    mid-interval carries the interval's sums on (`state_dict` at the save, `load_state_dict` at
+    the resume), so its average covers the whole interval, as an uninterrupted run's does."""
 
-    def __init__(self, device: torch.device, dist, carried: dict | None = None):
-        carried = carried or {}
+    def __init__(self, device: torch.device, dist):
         self.device, self.dist = device, dist
-        self.loss = torch.tensor(float(carried.get("loss", 0.0)), device=device)
+        self.load_state_dict({})
+
+    def load_state_dict(self, carried: dict) -> None:
+        self.loss = torch.tensor(float(carried.get("loss", 0.0)), device=self.device)
         self.micro = int(carried.get("micro", 0))
         self.extra: dict[str, Any] = {k: float(v) for k, v in (carried.get("extra") or {}).items()}
-        self._restart_clock()
+        self.restart_clock()
 
-    def _restart_clock(self) -> None:
+    def restart_clock(self) -> None:
         self.t0, self.steps, self.cpu = time.perf_counter(), 0, snapshot()
 
     def add(self, metrics: dict[str, torch.Tensor]) -> None:
@@ -50,10 +52,10 @@ class LogWindow:
         finally:
             self.t0 += time.perf_counter() - t
 
-    def carry(self) -> dict | None:
-        """The window's sums so far, for a checkpoint (None when it is empty)."""
+    def state_dict(self) -> dict:
+        """The window's sums so far, for a checkpoint (empty when the window is)."""
         if not self.micro:
-            return None
+            return {}
         return {"loss": float(mean(self.loss, self.dist)), "micro": self.micro,
                 "extra": {k: float(mean(torch.as_tensor(v, device=self.device), self.dist))
                           for k, v in sorted(self.extra.items())}}
@@ -67,7 +69,7 @@ class LogWindow:
                "extra": {k: float(mean(torch.as_tensor(v, device=self.device), self.dist)) / self.micro
                          for k, v in sorted(self.extra.items())}}
         self.loss, self.micro, self.extra = torch.zeros((), device=self.device), 0, {}
-        self._restart_clock()
+        self.restart_clock()
         return out
 
 

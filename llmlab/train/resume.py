@@ -4,9 +4,11 @@ that decides the next step, and saving (every rank takes part; rank 0 writes).""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
-import torch
+from torch import nn
 
 from llmlab import console
 from llmlab.errors import ConfigError, UserError
@@ -14,8 +16,8 @@ from llmlab.files import OLD, TMP
 from llmlab.train.checkpoint import Checkpoint, latest_in_run, load_checkpoint, save_checkpoint
 from llmlab.train.distributed import (barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       load_optimizer_state)
-from llmlab.train.loggers import JsonlWriter
 from llmlab.train.recovery import STEP_IN_NAME
+from llmlab.train.state import Progress, RankRandom
 
 
 def resume_checkpoint(loop, run_dir: Path, rid: str) -> Checkpoint | None:
@@ -78,14 +80,45 @@ def check_same_tokenizer(tokenizer_path: Path, ckpt: Checkpoint) -> None:
                           "settings, or start fresh with train.resume=null")
 
 
-def restore(trainer, ckpt: Checkpoint) -> None:
-    """Everything that decides the next step: optimizer, RNGs, data position, and the
-    records of the steps before (``metrics.jsonl`` and ``samples.jsonl`` are cut back to the
-    checkpoint's step, so no step is logged twice)."""
-    rank = trainer.dist.rank
+@dataclass
+class Resumable:
+    """The parts whose state decides the next step. Each saves and loads its own; this maps
+    them to a checkpoint's files: ``state.json`` (progress, the window stream, the log
+    window) and ``trainer.pt`` (optimizer, loss scaler, every rank's random streams)."""
+
+    model: nn.Module
+    optimizer: Any
+    scaler: Any
+    sampler: Any  # the training windows' stream (`RandomWindows`)
+    random: RankRandom
+    distiller: Any  # a `Distiller`, or None
+    progress: Progress
+    window: Any  # the log window (`LogWindow`)
+
+
+@dataclass
+class RunRecord:
+    """What every checkpoint of a run records besides the parts' state: what built it, where
+    its data came from, and how many to keep."""
+
+    run_dir: Path
+    run_id: str
+    spec: dict
+    config: Mapping[str, Any]
+    tokenizer_path: Path
+    data: dict  # data_key, eos, bytes_per_token of the prepared data
+    weight_names: dict
+    keep: int
+    token_counts: Callable[[], Any]
+
+
+def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> None:
+    """Everything that decides the next step, from ``ckpt``; ``weights_only_ok``: a checkpoint
+    without trainer.pt continues from its weights with a fresh optimizer and random state."""
+    rank = dist.rank
     state = ckpt.trainer_state()
     if state is None:
-        if not trainer.loop.resume_weights_only:
+        if not weights_only_ok:
             raise UserError(f"train.resume: {ckpt.path} has no trainer.pt (optimizer and random state), so the run "
                             "cannot continue its curve; pass train.resume_weights_only=true to continue from its "
                             "weights with a fresh optimizer, or train.resume=null to start over")
@@ -93,54 +126,46 @@ def restore(trainer, ckpt: Checkpoint) -> None:
                           "the curve differs from an uninterrupted run", style="yellow")
         state = {}
     if "optimizer" in state:
-        load_optimizer_state(trainer.model, trainer.optimizer, state["optimizer"])
-    if "scaler" in state and trainer.scaler.is_enabled():
-        trainer.scaler.load_state_dict(state["scaler"])
+        load_optimizer_state(parts.model, parts.optimizer, state["optimizer"])
+    if "scaler" in state and parts.scaler.is_enabled():
+        parts.scaler.load_state_dict(state["scaler"])
     torch_rng, mask_rng = state.get("torch_rng_by_rank"), state.get("mask_rng_by_rank")
-    if torch_rng:  # a rank with no saved state of its own (more ranks than before) keeps its seed
-        if rank < len(torch_rng):
-            torch.set_rng_state(torch_rng[rank])
-            trainer.mask_rng.set_state(mask_rng[rank])
+    if torch_rng and rank < len(torch_rng):  # a rank with no saved state of its own (more ranks than before) keeps its seed
+        parts.random.load_state_dict({"torch": torch_rng[rank], "mask": mask_rng[rank]})
     distill_rng = state.get("distill_rng_by_rank")
-    if trainer.distiller is not None and distill_rng and rank < len(distill_rng):
-        trainer.distiller.load_state(distill_rng[rank])
-    trainer.sampler.load_state(ckpt.state["data_rng"])
-    trainer.start_step, trainer.tokens_seen = int(ckpt.state["step"]), int(ckpt.state.get("tokens_seen", 0))
-    trainer.last_val = ckpt.state.get("val") or {}
-    trainer.carried_window = ckpt.state.get("log_window") or {}
-    if trainer.dist.is_main:  # the summary covers the steps before the resume too
-        trainer.previous = JsonlWriter.truncate_after(trainer.run_dir / "metrics.jsonl", trainer.start_step)
-        JsonlWriter.truncate_after(trainer.run_dir / "samples.jsonl", trainer.start_step)
-    console.out.print(f"resumed from {ckpt.path} at step {trainer.start_step}")
+    if parts.distiller is not None and distill_rng and rank < len(distill_rng):
+        parts.distiller.load_state_dict(distill_rng[rank])
+    parts.sampler.load_state_dict(ckpt.state["data_rng"])
+    parts.progress.load_state_dict(ckpt.state)
+    parts.window.load_state_dict(ckpt.state.get("log_window") or {})
+    console.out.print(f"resumed from {ckpt.path} at step {parts.progress.step}")
 
 
-def save(trainer, step: int, window: dict | None = None) -> Path | None:
-    """Every rank calls this (FSDP gathers its shards); rank 0 writes, the others wait.
-    ``window``: the logging interval so far (`LogWindow.carry`), so a resumed run logs the
-    same interval average as an uninterrupted one."""
-    dist = trainer.dist
-    full = full_model_state(trainer.model, dist)
-    optim_state = full_optimizer_state(trainer.model, trainer.optimizer, dist)
-    rngs = gather((torch.get_rng_state(), trainer.mask_rng.get_state(),
-                   trainer.distiller.state() if trainer.distiller is not None else None), dist)
+def save(parts: Resumable, record: RunRecord, dist) -> Path | None:
+    """Every rank calls this (FSDP gathers its shards); rank 0 writes, the others wait. The
+    log window's sums go in too, so a resumed run logs the same interval average as an
+    uninterrupted one."""
+    full = full_model_state(parts.model, dist)
+    optim_state = full_optimizer_state(parts.model, parts.optimizer, dist)
+    rngs = gather((parts.random.state_dict(),
+                   parts.distiller.state_dict() if parts.distiller is not None else None), dist)
+    window = parts.window.state_dict()  # every rank takes part in its reduction
     path = None
     if dist.is_main:
-        prepared = trainer.prepared
-        weights = {k: full[k] for k in trainer.weight_names}
-        state = {"optimizer": optim_state, "torch_rng_by_rank": [r[0] for r in rngs],
-                 "mask_rng_by_rank": [r[1] for r in rngs]}
-        if trainer.distiller is not None:
-            state["distill_rng_by_rank"] = [r[2] for r in rngs]
-        if trainer.scaler.is_enabled():
-            state["scaler"] = trainer.scaler.state_dict()
+        weights = {k: full[k] for k in record.weight_names}
+        state = {"optimizer": optim_state, "torch_rng_by_rank": [r[0]["torch"] for r in rngs],
+                 "mask_rng_by_rank": [r[0]["mask"] for r in rngs]}
+        if parts.distiller is not None:
+            state["distill_rng_by_rank"] = [r[1] for r in rngs]
+        if parts.scaler.is_enabled():
+            state["scaler"] = parts.scaler.state_dict()
+        progress = parts.progress.state_dict()
         path = save_checkpoint(
-            trainer.run_dir / "checkpoints", step, weights, trainer.spec.to_dict(), trainer.job.config,
-            prepared.path / "tokenizer.json",
-            state={"tokens_seen": trainer.tokens_seen, "val": trainer.last_val, "run_id": trainer.run_id,
-                   "world_size": dist.world_size, "data_rng": trainer.sampler.state(),
-                   "data_key": prepared.meta["key"], "eos": prepared.meta["eos"],
-                   "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")},
-                   "log_window": window or {}},
-            trainer_state=state, keep=trainer.loop.keep_checkpoints, token_counts=trainer.token_counts())
+            record.run_dir / "checkpoints", progress["step"], weights, record.spec, record.config,
+            record.tokenizer_path,
+            state={"tokens_seen": progress["tokens_seen"], "val": progress["val"], "run_id": record.run_id,
+                   "world_size": dist.world_size, "data_rng": parts.sampler.state_dict(), **record.data,
+                   "log_window": window},
+            trainer_state=state, keep=record.keep, token_counts=record.token_counts())
     barrier(dist)
     return broadcast(path, dist)

@@ -20,10 +20,10 @@ def test_random_windows_resume_continues_the_stream():
     tokens = np.arange(1000, dtype=np.uint16)
     a = RandomWindows(tokens, 8, 2, seed=3)
     a.next_window()
-    state = a.state()
+    state = a.state_dict()
     expected = a.next_window()
     b = RandomWindows(tokens, 8, 2, seed=3)
-    b.load_state(state)
+    b.load_state_dict(state)
     assert (b.next_window() == expected).all()
 
 

@@ -109,10 +109,10 @@ def test_windows_are_drawn_across_shards_and_resume_exactly(tmp_path):
     b = RandomWindows(whole, 10, 4, seed=3)
     for _ in range(30):  # the same windows as over one array, crossing shard edges
         assert a.next_window().tolist() == b.next_window().tolist()
-    state = json.loads(json.dumps(a.state()))
+    state = json.loads(json.dumps(a.state_dict()))
     expected = [a.next_window().tolist() for _ in range(5)]
     c = RandomWindows(store, 10, 4, seed=99)
-    c.load_state(state)
+    c.load_state_dict(state)
     assert [c.next_window().tolist() for _ in range(5)] == expected
 
 
@@ -134,10 +134,10 @@ def test_more_than_2_to_the_32_tokens(tmp_path):
     assert store[2 * n - 3:2 * n + 2].tolist() == [8, 9, 10, 0, 0]  # an edge past 2^32
     assert store[3 * n - 3:].tolist() == [9, 10, 11] and store[3 * n - 1] == 11
     windows = RandomWindows(store, 8, 64, seed=0)
-    state = windows.state()
+    state = windows.state_dict()
     starts = windows.rng.integers(0, len(store) - 8, size=64)
     assert (starts > 2**32).sum() > 10  # int64 starts over the whole store
-    windows.load_state(state)
+    windows.load_state_dict(state)
     got = windows.next_window().numpy()
     assert got.shape == (64, 9)
     for row, start in zip(got, starts):
