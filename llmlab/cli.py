@@ -49,16 +49,19 @@ def config_key(cfg) -> str:
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
-def register_parts(command: str | None = None) -> None:
+def register_parts(command: str | None = None, every_kind: bool = True) -> None:
     """Fill Hydra's ConfigStore with what ``command`` composes (all commands' by default): its
-    schema and its groups' registered options, those written as one file in a family's
-    package included. Each command module imports the registries its groups need, so
-    ``report`` or ``tokenize`` loads no torch before its work starts."""
+    schema and its groups' registered options. Each command module imports the registries its
+    groups need, so ``report`` or ``tokenize`` loads no torch before its work starts.
+    ``every_kind``: also the kinds written as one file in a family's package, which means
+    importing those modules, torch with them; ``--cfg job`` does that only when the config
+    names one (`main` composes again then)."""
     from llmlab.registry import Registry
 
     for name in [command] if command else USAGE_COMMANDS:
         importlib.import_module(f"llmlab.commands.{name}")
-    Registry.load_all()
+    if every_kind:
+        Registry.load_all()
 
 
 def guarded(fn: Callable) -> Callable:
@@ -98,8 +101,12 @@ def _explain(err: Exception, overrides: list[str], compose) -> str:
     from llmlab.registry import omegaconf_error
 
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        from llmlab.registry import Registry
+
         group, _, option = err.missing_cfg_file.rpartition("/")
-        return f"{group}={option}: unknown option; allowed: {', '.join(err.options or []) or '(none)'}"
+        registry = Registry.by_group.get(group)  # its kinds written as one file too, loaded now if not before
+        options = sorted(set(err.options or []) | set(registry.names() if registry is not None else []))
+        return f"{group}={option}: unknown option; allowed: {', '.join(options) or '(none)'}"
     cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
     if not isinstance(cause, OmegaConfBaseException):
         return str(err).strip().splitlines()[0]
@@ -180,12 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
-    register_parts(command)
-    if {"--help", "-h"} & set(rest):
+    showing = bool({"--cfg", "-c", "--info"} & set(rest))
+    helping = bool({"--help", "-h"} & set(rest))
+    register_parts(command, every_kind=helping or not showing)  # --cfg job alone stays torch-free
+    if helping:
         from llmlab.help import command_help
         sys.stdout.write(command_help(command))
         return
-    showing = bool({"--cfg", "-c", "--info"} & set(rest))
     if not showing:  # --cfg/--info only show a config: Hydra composes it once, its errors become one line below
         preflight(command, rest)
     rest = name_sweep_runs_by_swept_keys(rest)
@@ -201,7 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     worker = command == "train" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
     try:
         try:
-            app()
+            try:
+                app()
+            except Exception as e:
+                if not (showing and _names_an_unloaded_kind(e)):
+                    raise
+                from hydra.core.global_hydra import GlobalHydra
+                GlobalHydra.instance().clear()
+                app()  # the config names a kind written as one file: now loaded
         except Exception as e:  # Hydra's MissingConfigException is an OSError too: config errors first
             if showing and _is_config_error(e):
                 fail(_explain(e, split_args(rest)[0], _composer(command)), 2)
@@ -217,6 +232,21 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if worker:
         leave_without_finalizing(0)
+
+
+def _names_an_unloaded_kind(e: Exception) -> bool:
+    """A composition that failed on an option not registered yet, before every kind was
+    loaded: load them (`Registry.load_all`) and say whether the option is there now."""
+    from hydra.errors import MissingConfigException
+
+    from llmlab.registry import Registry
+
+    if not isinstance(e, MissingConfigException) or not e.missing_cfg_file or Registry.all_loaded():
+        return False
+    Registry.load_all()
+    group, _, option = e.missing_cfg_file.rpartition("/")
+    registry = Registry.by_group.get(group)
+    return registry is not None and option in registry
 
 
 def _is_config_error(e: Exception) -> bool:

@@ -312,6 +312,10 @@ class Registry:
                 importlib.import_module(f"{self.impl}.{info.name}")
 
     @classmethod
+    def all_loaded(cls) -> bool:
+        return all(registry._loaded for registry in cls.every)
+
+    @classmethod
     def load_all(cls) -> None:
         """Every registry's kinds, so Hydra's ConfigStore offers them all (before composing)."""
         for registry in list(cls.every):

@@ -65,3 +65,17 @@ def test_their_declared_ranges_are_checked(override, message):
         cfg = OmegaConf.to_container(compose("train", overrides=[group, override]), resolve=True)
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         check_train_config(cfg)
+
+
+def test_cfg_job_finds_a_one_file_kind_and_lists_it_when_an_option_is_wrong(tmp_path):
+    """``--cfg job`` composes without importing the one-file kinds (no torch) until the config
+    names one; then it loads them and composes again. A fresh process, so nothing is loaded."""
+    from tests.conftest import run_cli
+
+    shown = run_cli("train", "--cfg", "job", "pos=alibi", "pos.exponent=4", cwd=tmp_path, process=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "kind: alibi\n  exponent: 4.0" in shown.stdout
+    wrong = run_cli("train", "--cfg", "job", "pos=alibx", cwd=tmp_path, process=True)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip() == ("llmlab: error: pos=alibx: unknown option; allowed: "
+                                    f"{', '.join(POSITION.names())}")
