@@ -64,3 +64,47 @@ def _option_line(group: str, option: str, registry) -> str:
     if group == "model" and attention is not None and option in attention:
         return f"the tiny model with {option} attention (attention.* settings)"
     return ""
+
+
+PARTS_GROUPS = ("model", "model/attention", "model/ffn", "norm", "pos", "objective", "optim", "sched", "data",
+                "tokenizer", "logger")
+
+
+def parts_table() -> str:
+    """The README's table of config groups, their options and their settings, written from the
+    registries and conf/ (so no list of kinds is kept by hand): ``python -m llmlab.help``."""
+    import dataclasses
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llmlab.cli import register_parts
+    from llmlab.registry import Registry
+
+    register_parts("train")
+    rows = ["| group | options | settings |", "| --- | --- | --- |"]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        loader = GlobalHydra.instance().config_loader()
+        for group in PARTS_GROUPS:
+            options = sorted(loader.get_group_options(group))
+            registry = Registry.by_group.get(group)
+            if registry is None:  # the model presets: sizes under model.*
+                from llmlab.model.config import ModelConfig
+                settings = [f"`model.{f.name}`" for f in dataclasses.fields(ModelConfig)]
+            else:
+                prefix = (registry.package or group).removeprefix("_global_.")
+                kinds: dict[str, list[str]] = {}
+                for name in registry.names():
+                    for f in dataclasses.fields(registry.config_of(name)):
+                        if f.name != registry.kind_key:
+                            kinds.setdefault(f.name, []).append(name)
+                settings = [f"`{prefix}.{key}`" + ("" if len(names) == len(registry.names()) else f" ({', '.join(names)})")
+                            for key, names in kinds.items()]
+            rows.append(f"| `{group}` | {', '.join(f'`{o}`' for o in options)} | {', '.join(settings)} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(parts_table())
