@@ -78,10 +78,10 @@ def parts_table() -> str:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from llmlab.cli import register_parts
     from llmlab.registry import Registry
 
-    register_parts("train")
+    importlib.import_module("llmlab.commands.train")  # its groups' registries (what `llmlab.cli.register_parts` does)
+    Registry.load_all()
     rows = ["| group | options | settings |", "| --- | --- | --- |"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         loader = GlobalHydra.instance().config_loader()

@@ -9,7 +9,7 @@ from torch import nn
 
 from llmlab.registry import bounded
 from llmlab.train.optim import OptimizerKind, param_groups
-from llmlab.train.optim_config import OPTIMIZER
+from llmlab.train.optim_config import OPTIMIZER, AdamWConfig
 
 
 @OPTIMIZER.register("radam")
@@ -19,14 +19,9 @@ class RAdam(OptimizerKind, torch.optim.RAdam):
     (section 4), with decoupled weight decay; norms, biases and embeddings are not decayed."""
 
     @dataclass
-    class Config:
+    class Config(AdamWConfig):  # AdamW's settings, with Adam's usual beta2
         kind: str = "radam"
-        lr: float = bounded(3e-3, above=0)  # peak learning rate; the schedule scales it
-        beta1: float = bounded(0.9, at_least=0, below=1)
         beta2: float = bounded(0.999, at_least=0, below=1)
-        eps: float = bounded(1e-8, above=0)
-        weight_decay: float = bounded(0.1, at_least=0)
-        decay_embeddings: bool = False
 
     def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
