@@ -2,7 +2,8 @@
 
 - `owned_tmp_dir`: a temporary directory named after the host and PID that made it, so a
   later run can tell a dead writer's leftovers (`clean_stale`) from a live writer's work.
-- `RunLock`: one writer per run directory; a second one is told who holds it.
+- `HolderLock`, `RunLock`: one writer at a time in a run directory; a second one is told who
+  holds it.
 - `disk_error`: an OSError (or a library's wrapped one) from a full disk, a file-size limit
   or a read-only directory, as one line that says which file and what to do.
 """
@@ -131,42 +132,73 @@ def disk_error(err: BaseException, what: str, hint: str = "") -> UserError | Non
     return UserError(f"cannot write {what}{where}: {meaning}{'; ' + hint if hint else ''}")
 
 
+class HolderLock:
+    """An exclusive lock on ``path`` for as long as this process holds it: filelock's, which on
+    Linux and macOS is ``flock``, dropped by the kernel when the holder dies, even by kill -9.
+    The holder's PID goes in a file beside it (``<path>.pid``), so a contender can say who
+    holds it."""
+
+    def __init__(self, path: Path):
+        from filelock import FileLock
+
+        self.path = Path(path)
+        self.pid_file = self.path.with_name(self.path.name + ".pid")
+        self._lock = FileLock(str(self.path), thread_local=False, is_singleton=False)
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; False if another process holds it."""
+        from filelock import Timeout
+
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        self._mark()
+        return True
+
+    def acquire(self) -> "HolderLock":
+        """Wait for the lock as long as it takes."""
+        self._lock.acquire()
+        self._mark()
+        return self
+
+    def _mark(self) -> None:
+        atomic_write_text(self.pid_file, f"{os.getpid()}\n")
+
+    def holder(self) -> str:
+        """The PID of the process that holds it (``unknown`` when it has not said yet)."""
+        try:
+            return self.pid_file.read_text().strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    @property
+    def held(self) -> bool:
+        return self._lock.is_locked
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self.pid_file.unlink(missing_ok=True)
+            self._lock.release()
+
+
 class RunLock:
-    """An exclusive lock on a run directory for the life of one trainer (``fcntl.flock``: the
-    kernel drops it when the holder dies, even by kill -9). ``.lock`` records the holder's PID."""
+    """One trainer per run directory, for its whole life (a `HolderLock` on ``.lock``)."""
 
     def __init__(self, run_dir: Path, key: str = "hydra.run.dir"):
-        self.path = Path(run_dir) / ".lock"
         self.key = key
-        self.file = None
+        self._lock = HolderLock(Path(run_dir) / ".lock")
 
     def acquire(self) -> "RunLock":
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): one writer is the user's to ensure, and `held` stays False
-            return self
-        f = open(self.path, "a+")
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise UserError(f"{self.key}: {self.path.parent} is in use by another llmlab train (PID {holder}); "
-                            "wait for it to end, or use another hydra.run.dir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self.file = f
+        if not self._lock.try_acquire():
+            raise UserError(f"{self.key}: {self._lock.path.parent} is in use by another llmlab train "
+                            f"(PID {self._lock.holder()}); wait for it to end, or use another hydra.run.dir")
         return self
 
     @property
     def held(self) -> bool:
-        """True while this process holds the kernel's lock: then no other llmlab writes here."""
-        return self.file is not None
+        """True while this process holds the lock: then no other llmlab writes here."""
+        return self._lock.held
 
     def release(self) -> None:
-        if self.file is not None:
-            self.file.close()  # closing drops the flock
-            self.file = None
+        self._lock.release()

@@ -268,7 +268,12 @@ class _Silent:
 
 def lock_partial(partial: Path, key: str, quiet: bool):
     """Hold ``partial``'s lock (flock: dropped by the kernel when the holder dies); wait, saying
-    so, while another process holds it."""
+    so, while another process holds it.
+
+    Plain ``flock`` on an open file, not `llmlab.files.HolderLock` (filelock): the lock lives in
+    the directory it guards and is held while that directory is renamed into place, so a waiter
+    must wait on the file it opened; filelock reopens its path on every attempt (gone after the
+    rename) and leaves its file behind, where the cache root must hold only entries."""
     import fcntl
 
     f = open(partial / ".lock", "a+")
