@@ -71,6 +71,15 @@ def choice(default: Any, allowed: Sequence[Any]) -> Any:
     return dataclasses.field(default=default, metadata={"choices": tuple(allowed)})
 
 
+class Checked:
+    """A settings dataclass whose fields depend on each other in ways a type, a range or a
+    choice cannot say (``top_k <= n_experts``): it declares so by deriving from this, and
+    `parse_dataclass` calls its ``check(prefix)``, which raises a ConfigError naming the key."""
+
+    def check(self, prefix: str) -> None:
+        raise NotImplementedError
+
+
 def bounded(default: Any, *, at_least: float | None = None, above: float | None = None,
             at_most: float | None = None, below: float | None = None) -> Any:
     """A number setting with a declared range (null passes where the default is null): the
@@ -112,8 +121,8 @@ def _name(value: Any) -> str:
 
 def _check(obj: Any, prefix: str) -> None:
     """What a type cannot say: a declared choice or range, no setting means infinity or NaN (a
-    budget says "none" with null), and each dataclass's own ``check(prefix)`` (relations
-    between settings), nested ones first."""
+    budget says "none" with null), and a `Checked` dataclass's own ``check(prefix)``
+    (relations between settings), nested ones first."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         allowed = _declared(type(obj), f.name, "choices")
@@ -128,9 +137,8 @@ def _check(obj: Any, prefix: str) -> None:
                               f"got {value}")
         if dataclasses.is_dataclass(value):
             _check(value, join_key(prefix, f.name))
-    check = getattr(obj, "check", None)
-    if check is not None:
-        check(prefix)
+    if isinstance(obj, Checked):
+        obj.check(prefix)
 
 
 def parse_dataclass(cls: type, data: Mapping[str, Any] | Any | None, prefix: str) -> Any:

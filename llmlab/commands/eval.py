@@ -9,14 +9,14 @@ from typing import Any
 from llmlab.commands import Command
 from llmlab.data.corpus import CORPUS
 from llmlab.eval.analysis import ANALYSIS
-from llmlab.registry import bounded, choice, section
+from llmlab.registry import Checked, bounded, choice, section
 from llmlab.train.device import PRECISIONS
 
 SPLITS = ("train", "val")
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Checked):
     """``llmlab eval``'s settings; ``data`` and ``analysis`` come from their config groups."""
 
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from llmlab.commands import Command
 from llmlab.errors import ConfigError
+from llmlab.registry import Checked
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(Checked):
     """``llmlab export``'s settings."""
 
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)

@@ -6,12 +6,12 @@ from typing import Any
 
 from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import choice
+from llmlab.registry import Checked, choice
 
 SELECT = ("all", "best_lr")
 
 @dataclass
-class ReportConfig:
+class ReportConfig(Checked):
     """``llmlab report``'s settings."""
 
     runs: list[str] = field(default_factory=list)  # sweep or run directories (searched for summary.json)

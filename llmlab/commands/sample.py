@@ -11,7 +11,7 @@ from typing import Any
 
 from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import bounded, choice, parse_dataclass
+from llmlab.registry import Checked, bounded, choice, parse_dataclass
 from llmlab.train.device import PRECISIONS
 
 @dataclass
@@ -26,7 +26,7 @@ class SpeculativeConfig:
 
 
 @dataclass
-class SampleConfig:
+class SampleConfig(Checked):
     """``llmlab sample``'s settings."""
 
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)

@@ -19,13 +19,14 @@ def run(job: TrainJob, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from llmlab.train.loggers import LOGGER
     from llmlab.train.loop import run_training
     from llmlab.train.sweep import run_job
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN:
         run_training(job, run_dir)
         return
-    if hasattr(job.logger, "group") and not job.logger.group:
+    if LOGGER.get(job.logger.kind).groups_runs and not job.logger.group:
         job = job.with_logger_group(Path(hydra_cfg.sweep.dir).name)  # one wandb group per sweep: curves overlay
     run_job(job, run_dir, hydra_cfg.job.num)
 

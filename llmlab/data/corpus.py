@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from llmlab.data.documents import Document, line_cut, read_parts, val_names
 from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Registry, bounded
+from llmlab.registry import Checked, Registry, bounded
 
 CORPUS = Registry("data", group="data")
 SPLITS = ("train", "val")
@@ -149,7 +149,7 @@ class TextFiles(Corpus):
     """Plain text files by path or glob (``**`` recurses), split by file; one file is split at a line."""
 
     @dataclass
-    class Config(Corpus.Config):
+    class Config(Corpus.Config, Checked):
         kind: str = "text"
         paths: Any = field(default_factory=list)  # a file or glob, or a list of them: [a.txt,'notes/**/*.md']
         val_fraction: float = 0.1  # one file alone is split at a line val_fraction from its end

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Registry
+from llmlab.registry import Checked, Registry
 
 TOKENIZER = Registry("tokenizer", group="tokenizer")
 EOS = "<|endoftext|>"
@@ -170,7 +170,7 @@ class ByteLevelBPE(TokenizerFactory):
         return cfg.vocab_size
 
     @dataclass
-    class Config:
+    class Config(Checked):
         kind: str = "bpe"
         vocab_size: int = 8192
         min_frequency: int = 2

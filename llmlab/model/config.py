@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Registry, bounded, parse_dataclass, store_schema
+from llmlab.registry import Checked, Registry, bounded, parse_dataclass, store_schema
 
 ATTENTION = Registry("attention", group="model/attention", package="_global_.attention", impl="llmlab.model.attention")
 FFN = Registry("ffn", group="model/ffn", package="_global_.ffn", impl="llmlab.model.ffn")
@@ -61,7 +61,7 @@ class QKNormConfig(GQAConfig):
 
 @ATTENTION.option("mla")
 @dataclass
-class MLAConfig:
+class MLAConfig(Checked):
     kind: str = "mla"
     q_rank: int = bounded(0, at_least=0)  # 0: no query compression
     kv_rank: int = bounded(96, at_least=1)  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
@@ -115,7 +115,7 @@ class GeGLUConfig(FFNConfig):
 
 @FFN.option("moe")
 @dataclass
-class MoEConfig(FFNConfig):
+class MoEConfig(FFNConfig, Checked):
     """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
 
     kind: str = "moe"
@@ -145,7 +145,7 @@ class LayerNormConfig:
 
 
 @dataclass
-class NormConfig:
+class NormConfig(Checked):
     """The ``norm`` group: where the norm sits (``placement``: a block class, the group's
     option) and which norm it is (``kind``: a `NORM` variant, a setting)."""
 
@@ -208,7 +208,7 @@ class CausalLMConfig:
 
 @OBJECTIVE.option("mlm")
 @dataclass
-class MaskedLMConfig:
+class MaskedLMConfig(Checked):
     kind: str = "mlm"
     mask_prob: float = bounded(0.15, above=0, below=1)
     mask_replace: float = bounded(0.8, at_least=0)
@@ -222,7 +222,7 @@ class MaskedLMConfig:
 # ---- the model section and the whole ----
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Checked):
     """The ``model`` section: shared sizes, passed to every part."""
 
     name: str = "custom"  # a label for reports; presets set theirs

@@ -18,6 +18,9 @@ LOGGER = Registry("logger", group="logger")
 
 
 class Logger:
+    #: its Config has ``group``, which a sweep fills so that its runs' curves overlay
+    groups_runs = False
+
     @dataclass
     class Config:
         kind: str = ""
@@ -47,6 +50,8 @@ class NoLogger(Logger):
 class WandbLogger(Logger):
     """Weights & Biases. ``mode: auto`` is online when an API key is set and the service
     answers, offline otherwise; offline runs live in the run directory (``wandb sync``)."""
+
+    groups_runs = True
 
     @dataclass
     class Config:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Registry, bounded, choice
+from llmlab.registry import Checked, Registry, bounded, choice
 
 OPTIMIZER = Registry("optim", group="optim", impl="llmlab.train.optim")
 
@@ -35,7 +35,7 @@ class AdamWConfig:
 
 @OPTIMIZER.option("sgd")
 @dataclass
-class SGDConfig:
+class SGDConfig(Checked):
     kind: str = "sgd"
     lr: float = bounded(0.1, above=0)
     momentum: float = bounded(0.9, at_least=0, below=1)
@@ -61,7 +61,7 @@ class LionConfig:
 
 @OPTIMIZER.option("adafactor")
 @dataclass
-class AdafactorConfig:
+class AdafactorConfig(Checked):
     kind: str = "adafactor"
     lr: float = bounded(1e-2, above=0)  # peak learning rate; the schedule scales it
     beta2_decay: float = -0.8  # the second moment's decay at step t is 1 - t^beta2_decay
@@ -75,7 +75,7 @@ class AdafactorConfig:
 
 @OPTIMIZER.option("muon")
 @dataclass
-class MuonConfig:
+class MuonConfig(Checked):
     kind: str = "muon"
     lr: float = bounded(0.02, above=0)
     momentum: float = 0.95

@@ -13,7 +13,7 @@ from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
 from llmlab.names import parse_flops, run_id
-from llmlab.registry import bounded, choice, parse_dataclass, section
+from llmlab.registry import Checked, bounded, choice, parse_dataclass, section
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim_config import OPTIMIZER
@@ -23,7 +23,7 @@ HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 
 
 @dataclass
-class LoopConfig:
+class LoopConfig(Checked):
     """The ``train`` section."""
 
     steps: int = bounded(1000, at_least=1)  # the default run: 2M tokens, about 8 minutes on 2 CPU cores
@@ -91,7 +91,7 @@ class DistillConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Checked):
     """``llmlab train``'s whole config: the run's own settings, and one section per part,
     filled by the config groups (``model/attention=gqa`` puts GQA's settings under ``attention``)."""
 
