@@ -171,6 +171,7 @@ def preflight(command: str, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    RESOLVED.clear()  # one command line's jobs (several calls share a process in tests and notebooks)
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return
