@@ -168,9 +168,10 @@ class HolderLock:
     def holder(self) -> str:
         """The PID of the process that holds it (``unknown`` when it has not said yet)."""
         try:
-            return self.pid_file.read_text().strip() or "unknown"
+            text = self.pid_file.read_text(errors="replace").strip()
         except OSError:
             return "unknown"
+        return text if text.isdigit() and len(text) <= 10 else "unknown"  # a PID, or nothing said
 
     @property
     def held(self) -> bool:

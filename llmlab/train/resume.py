@@ -112,6 +112,17 @@ class RunRecord:
     token_counts: Callable[[], Any]
 
 
+def _load(part, state, what: str, ckpt: Checkpoint) -> None:
+    """``part.load_state_dict(state)``; a state a hand or a bad disk changed (a string where a
+    number belongs, a list for a mapping) is one line naming the checkpoint and the part."""
+    try:
+        part.load_state_dict(state)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"train.resume: {ckpt.path} holds a damaged {what}: {reason}; resume from another "
+                        "checkpoint, or start over with train.resume=null") from None
+
+
 def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> None:
     """Everything that decides the next step, from ``ckpt``; ``weights_only_ok``: a checkpoint
     without trainer.pt continues from its weights with a fresh optimizer and random state."""
@@ -126,18 +137,24 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
                           "the curve differs from an uninterrupted run", style="yellow")
         state = {}
     if "optimizer" in state:
-        load_optimizer_state(parts.model, parts.optimizer, state["optimizer"])
+        try:
+            load_optimizer_state(parts.model, parts.optimizer, state["optimizer"])
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise UserError(f"train.resume: {ckpt.path} holds a damaged optimizer state (trainer.pt): {reason}; resume from "
+                            "another checkpoint, or start over with train.resume=null") from None
     if "scaler" in state and parts.scaler.is_enabled():
-        parts.scaler.load_state_dict(state["scaler"])
+        _load(parts.scaler, state["scaler"], "loss scaler state (trainer.pt)", ckpt)
     torch_rng, mask_rng = state.get("torch_rng_by_rank"), state.get("mask_rng_by_rank")
     if torch_rng and rank < len(torch_rng):  # a rank with no saved state of its own (more ranks than before) keeps its seed
-        parts.random.load_state_dict({"torch": torch_rng[rank], "mask": mask_rng[rank]})
+        _load(parts.random, {"torch": torch_rng[rank], "mask": (mask_rng or [None] * len(torch_rng))[rank]},
+              "random state (trainer.pt)", ckpt)
     distill_rng = state.get("distill_rng_by_rank")
     if parts.distiller is not None and distill_rng and rank < len(distill_rng):
-        parts.distiller.load_state_dict(distill_rng[rank])
-    parts.sampler.load_state_dict(ckpt.state["data_rng"])
-    parts.progress.load_state_dict(ckpt.state)
-    parts.window.load_state_dict(ckpt.state.get("log_window") or {})
+        _load(parts.distiller, distill_rng[rank], "distillation state (trainer.pt)", ckpt)
+    _load(parts.sampler, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
+    _load(parts.progress, ckpt.state, "step count (state.json)", ckpt)
+    _load(parts.window, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)
     console.out.print(f"resumed from {ckpt.path} at step {parts.progress.step}")
 
 

@@ -23,8 +23,10 @@ class Progress:
         return {"step": self.step, "tokens_seen": self.tokens_seen, "val": self.last_val}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
-        self.last_val = state.get("val") or {}
+        step, tokens, val = int(state["step"]), int(state.get("tokens_seen", 0)), state.get("val") or {}
+        if step < 0 or tokens < 0 or not isinstance(val, dict):
+            raise ValueError(f"step {step}, tokens_seen {tokens}, val {type(val).__name__}: not a run's progress")
+        self.step, self.tokens_seen, self.last_val = step, tokens, val
 
 
 class RankRandom:
