@@ -141,8 +141,8 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
             load_optimizer_state(parts.model, parts.optimizer, state["optimizer"])
         except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise UserError(f"train.resume: {ckpt.path} holds a damaged optimizer state (trainer.pt): {reason}; resume from "
-                            "another checkpoint, or start over with train.resume=null") from None
+            raise UserError(f"train.resume: {ckpt.path} holds a damaged optimizer state (trainer.pt): {reason}; "
+                            "resume from another checkpoint, or start over with train.resume=null") from None
     if "scaler" in state and parts.scaler.is_enabled():
         _load(parts.scaler, state["scaler"], "loss scaler state (trainer.pt)", ckpt)
     torch_rng, mask_rng = state.get("torch_rng_by_rank"), state.get("mask_rng_by_rank")
