@@ -69,11 +69,34 @@ RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps"
                         "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss"}
 
 
+# Settings added after runs existed: at these values a run trains what it trained before they
+# existed, so they stay out of its id (a run keeps its id, and resumes, across the upgrade).
+RUN_ID_ADDED = {"sched": {"warmup_share": None}, "model": {"parametrization": "standard"}}
+OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
+
+
+def _as_before(cfg: Mapping[str, Any]) -> dict:
+    """``cfg`` as it would have been written before the `RUN_ID_ADDED` settings existed."""
+    out = dict(cfg)
+    for section, added in RUN_ID_ADDED.items():
+        if isinstance(cfg.get(section), Mapping):
+            out[section] = {k: v for k, v in cfg[section].items() if not (k in added and v == added[k])}
+    model = out.get("model")
+    if isinstance(model, Mapping) and "parametrization" not in model:
+        out["model"] = {k: v for k, v in model.items() if k != "mup_base_width"}
+    sched, train = out.get("sched"), cfg.get("train") or {}
+    if (isinstance(sched, Mapping) and "warmup" in sched and sched["warmup"] is None
+            and "warmup_share" not in sched and train.get("max_flops") is None):
+        out["sched"] = {**sched, "warmup": OLD_DEFAULT_WARMUP}  # an unset warm-up is what it was: 50 steps
+    return out
+
+
 def run_id(cfg: Mapping[str, Any]) -> str:
     """A short hash of the resolved config: equal for two runs that train the same thing."""
     import hashlib
     import json
 
+    cfg = _as_before(cfg)
     kept = {k: v for k, v in cfg.items() if k not in RUN_ID_IGNORES}
     kept["train"] = {k: v for k, v in dict(cfg.get("train") or {}).items() if k not in RUN_ID_IGNORES_TRAIN}
     text = json.dumps(kept, sort_keys=True, default=str)

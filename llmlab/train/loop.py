@@ -174,7 +174,7 @@ class Trainer:
     def _build_optimizer(self) -> None:
         job, loop, dist, device = self.job, self.loop, self.dist, self.device
         self.optimizer = build_optimizer(job.optim, self.model, device)
-        self.schedule = SCHEDULE.build(job.sched, self.steps)
+        self.schedule = SCHEDULE.build(job.sched, self.steps, budget_run=job.max_flops is not None)
         self.amp = autocast(device, self.precision)
         self.distiller = (Distiller(job.distill, self.model, self.prepared.path / "tokenizer.json", device, job.seed,
                                     dist.rank) if job.distill.teacher else None)

@@ -1,25 +1,55 @@
-"""Learning-rate schedules (config group ``sched``): a multiplier of ``optim.lr`` per step."""
+"""Learning-rate schedules (config group ``sched``): a multiplier of ``optim.lr`` per step.
+
+Every schedule warms up linearly first. Its length is ``sched.warmup`` steps, or
+``sched.warmup_share`` of the run's steps. Unset, it is `DEFAULT_WARMUP` steps, except in a run
+whose length is a FLOP budget (``train.max_flops``): there it is `BUDGET_WARMUP_SHARE` of the
+run. A budget sweep's runs range from tens of steps (a large model at a small budget) to
+thousands, and a fixed step count would be most of the shortest ones: a share keeps every run's
+schedule the same shape, so the sweep compares sizes and budgets, not warm-up lengths.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from llmlab.registry import Registry, bounded, choice
+from llmlab.errors import ConfigError
+from llmlab.registry import Checked, Registry, bounded, choice
 
 SCHEDULE = Registry("sched", group="sched")
+
+DEFAULT_WARMUP = 50  # steps, when neither sched.warmup nor sched.warmup_share is set
+BUDGET_WARMUP_SHARE = 0.05  # of the run's steps, in a train.max_flops run with neither set
+
+
+def warmup_steps(cfg, total_steps: int, budget_run: bool = False) -> int:
+    """The warm-up's length in steps: ``warmup``, or ``warmup_share`` of ``total_steps``, or the
+    default (`DEFAULT_WARMUP` steps; `BUDGET_WARMUP_SHARE` of a FLOP-budget run); at most the run."""
+    if cfg.warmup_share is not None:
+        steps = round(cfg.warmup_share * total_steps)
+    elif cfg.warmup is not None:
+        steps = cfg.warmup
+    else:
+        steps = round(BUDGET_WARMUP_SHARE * total_steps) if budget_run else DEFAULT_WARMUP
+    return min(steps, total_steps)
 
 
 class Schedule:
     @dataclass
-    class Config:
+    class Config(Checked):
         kind: str = ""
-        warmup: int = bounded(50, at_least=0)  # steps of linear warm-up from 0
+        warmup: int | None = bounded(None, at_least=0)  # steps of linear warm-up from 0; null: 50, or 5% of a train.max_flops run
+        warmup_share: float | None = bounded(None, at_least=0, below=1)  # the warm-up as a share of the run's steps (instead of warmup)
 
-    def __init__(self, cfg, total_steps: int):
+        def check(self, prefix: str) -> None:
+            if self.warmup is not None and self.warmup_share is not None:
+                raise ConfigError(f"{prefix}.warmup_share: set either {prefix}.warmup (steps) or {prefix}.warmup_share "
+                                  f"(a share of the run), not both: warmup={self.warmup}, warmup_share={self.warmup_share}")
+
+    def __init__(self, cfg, total_steps: int, budget_run: bool = False):
         self.cfg = cfg
         self.total = max(1, total_steps)
-        self.warmup = min(cfg.warmup, self.total)
+        self.warmup = warmup_steps(cfg, self.total, budget_run)
 
     def __call__(self, step: int) -> float:
         """Multiplier for the update made at ``step`` (0-based)."""

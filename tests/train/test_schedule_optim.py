@@ -126,3 +126,27 @@ def test_muon_without_torch_support_is_a_clear_error(monkeypatch):
     monkeypatch.delattr(torch.optim, "Muon", raising=False)
     with pytest.raises(ConfigError, match=r"^optim: optim=muon needs torch.optim.Muon"):
         OPTIMIZER.config({"kind": "muon"}, "optim")
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "wsd", "constant"])
+def test_a_warmup_share_is_the_same_schedule_as_the_equivalent_steps(kind):
+    by_share = SCHEDULE.build(SCHEDULE.config({"kind": kind, "warmup_share": 0.1}, "sched"), 240)
+    by_steps = SCHEDULE.build(SCHEDULE.config({"kind": kind, "warmup": 24}, "sched"), 240)
+    assert by_share.warmup == 24
+    assert [by_share(i) for i in range(240)] == [by_steps(i) for i in range(240)]
+
+
+def test_an_unset_warmup_is_50_steps_or_5_percent_of_a_budget_run():
+    unset = SCHEDULE.config({"kind": "cosine"}, "sched")
+    assert SCHEDULE.build(unset, 1000).warmup == 50  # what sched.warmup always meant
+    assert SCHEDULE.build(unset, 1000, budget_run=True).warmup == 50  # 5% of 1000
+    assert SCHEDULE.build(unset, 72, budget_run=True).warmup == 4  # not 50 of 72 steps
+    assert SCHEDULE.build(SCHEDULE.config({"kind": "cosine", "warmup": 30}, "sched"), 72, budget_run=True).warmup == 30
+    assert SCHEDULE.build(unset, 20).warmup == 20  # never longer than the run
+
+
+def test_warmup_and_warmup_share_together_name_the_key():
+    with pytest.raises(ConfigError, match=r"^sched.warmup_share: set either sched.warmup \(steps\) or sched.warmup_share"):
+        SCHEDULE.config({"kind": "cosine", "warmup": 10, "warmup_share": 0.1}, "sched")
+    with pytest.raises(ConfigError, match=r"^sched.warmup_share: must be in \[0, 1\), got 1.5"):
+        SCHEDULE.config({"kind": "cosine", "warmup_share": 1.5}, "sched")
