@@ -90,6 +90,41 @@ def bounded(default: Any, *, at_least: float | None = None, above: float | None 
     return dataclasses.field(default=default, metadata={"range": (low, high)})
 
 
+# A width may be written relative to a model size: ``d_model/4``, ``0.5*d_model``, ``max_seq_len/2``.
+WIDTH_TEXT = re.compile(r"^\s*(?:(?P<pre>[0-9.eE+]+)\s*\*\s*)?(?P<name>[a-z_]+)\s*"
+                        r"(?:(?P<op>[*/])\s*(?P<post>[0-9.eE+]+))?\s*$")
+
+
+def width(default: Any, *, relative_to: Sequence[str] = ("d_model",), at_least: float | None = 1) -> Any:
+    """A size setting (a latent's width, a window) given as an integer or relative to a model
+    size (``relative_to``): ``d_model/4`` or ``0.5*d_model`` is resolved to the nearest integer
+    for the model at hand (`parse_dataclass`'s ``sizes``), so a size sweep keeps the part the
+    same design at every width. Typed ``Any`` so that the text passes Hydra's composition; the
+    check after resolution wants an integer in the declared range."""
+    low = (at_least, "[", ">=") if at_least is not None else None
+    return dataclasses.field(default=default, metadata={"range": (low, None), "relative_to": tuple(relative_to)})
+
+
+def relative_width(value: str, sizes: Mapping[str, int], allowed: Sequence[str], key: str) -> int:
+    """``d_model/4`` with ``sizes={'d_model': 128}`` -> 32 (rounded to the nearest integer)."""
+    m = WIDTH_TEXT.match(value)
+    names = " or ".join(f"{n}/4, 0.5*{n}" for n in allowed)
+    if not m or m.group("name") not in allowed or (m.group("op") and m.group("pre")):
+        raise ConfigError(f"{key}: expected an integer or a width relative to {', '.join(f'model.{n}' for n in allowed)} "
+                          f"such as {names}, got {value!r}")
+    if m.group("name") not in sizes:
+        raise ConfigError(f"{key}: {value!r} is relative to model.{m.group('name')}, which is not known here")
+    try:
+        factor = float(m.group("pre") or 1)
+        post = float(m.group("post") or 1)
+        factor = factor / post if m.group("op") == "/" else factor * post
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"{key}: expected a number in {value!r}") from None
+    if not math.isfinite(factor) or factor <= 0:
+        raise ConfigError(f"{key}: the factor in {value!r} must be a positive number")
+    return int(round(factor * sizes[m.group("name")]))
+
+
 def _declared(cls: type, name: str, what: str) -> Any:
     """Field ``name``'s declared ``what`` (a range, the choices), from the nearest class in the
     MRO that declares one: a subclass that only changes a default keeps its base's range."""
@@ -129,6 +164,10 @@ def _check(obj: Any, prefix: str) -> None:
         if allowed is not None and value not in allowed:
             raise ConfigError(f"{join_key(prefix, f.name)}: unknown '{_name(value)}'; allowed: "
                               f"{', '.join(map(_name, allowed))}")
+        relative = _declared(type(obj), f.name, "relative_to")
+        if relative is not None and value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{join_key(prefix, f.name)}: expected an integer or a width relative to "
+                              f"{', '.join(f'model.{n}' for n in relative)} such as {relative[0]}/4, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be a finite number, got {value!r}")
         bounds = _declared(type(obj), f.name, "range")
@@ -141,13 +180,21 @@ def _check(obj: Any, prefix: str) -> None:
         obj.check(prefix)
 
 
-def parse_dataclass(cls: type, data: Mapping[str, Any] | Any | None, prefix: str) -> Any:
+def parse_dataclass(cls: type, data: Mapping[str, Any] | Any | None, prefix: str,
+                    sizes: Mapping[str, int] | None = None) -> Any:
     """Build dataclass `cls` from `data` (a mapping, or a `cls` already), checked by OmegaConf
     against the dataclass; the first bad key is a ConfigError naming it as ``prefix.key``.
-    Then `_check` tests what a type cannot say."""
+    A `width` written relative to a model size is resolved with ``sizes`` first. Then
+    `_check` tests what a type cannot say."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if isinstance(data, Mapping):
+        data = dict(data)
+        for key, value in data.items():
+            relative = _declared(cls, key, "relative_to") if isinstance(key, str) else None
+            if relative is not None and isinstance(value, str):
+                data[key] = relative_width(value, sizes or {}, relative, join_key(prefix, key))
     try:
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data or {}))
     except OmegaConfBaseException as e:
@@ -205,6 +252,9 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
             comment = " | ".join(map(_name, choices)) + (f"; {comment}" if comment else "")
         if bounds is not None:
             comment = _range_text(bounds, f.default is None) + (f"; {comment}" if comment else "")
+        relative = _declared(cls, f.name, "relative_to")
+        if relative is not None:
+            comment = f"or relative: {relative[0]}/4; " + comment
         pad = " " * indent
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if dataclasses.is_dataclass(default):
@@ -362,15 +412,16 @@ class Registry:
             raise TypeError(f"{self.family} '{name}' has a Config but no registered class in {self.impl}")
         return self._entries[name]
 
-    def config(self, section: Mapping[str, Any] | Any | None, prefix: str) -> Any:
-        """Check a config section ``{kind: name, ...settings}`` and return its typed Config."""
+    def config(self, section: Mapping[str, Any] | Any | None, prefix: str, sizes: Mapping[str, int] | None = None) -> Any:
+        """Check a config section ``{kind: name, ...settings}`` and return its typed Config
+        (``sizes``: the model's, for settings written relative to them)."""
         if dataclasses.is_dataclass(section):
             section = dataclasses.asdict(section)
         section = dict(section or {})
         if section.get(self.kind_key) is None:
             raise ConfigError(f"{prefix}.{self.kind_key}: missing; allowed: {', '.join(self.names())}")
         config = self.config_of(str(section[self.kind_key]), f"{prefix}.{self.kind_key}")
-        return parse_dataclass(config, section, prefix)
+        return parse_dataclass(config, section, prefix, sizes)
 
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Instantiate the variant a checked Config names."""

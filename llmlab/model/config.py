@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Checked, Registry, bounded, parse_dataclass, store_schema
+from llmlab.registry import Checked, Registry, bounded, choice, parse_dataclass, store_schema, width
 
 ATTENTION = Registry("attention", group="model/attention", package="_global_.attention", impl="llmlab.model.attention")
 FFN = Registry("ffn", group="model/ffn", package="_global_.ffn", impl="llmlab.model.ffn")
@@ -49,7 +49,7 @@ class MQAConfig:
 @dataclass
 class SWAConfig:
     kind: str = "swa"
-    window: int = bounded(64, at_least=1)  # positions each query sees, itself included
+    window: Any = width(64, relative_to=("max_seq_len", "d_model"))  # positions each query sees, itself included
     kv_heads: int | None = bounded(None, at_least=1)  # null: one KV head per query head; set it for grouped-query SWA
 
 
@@ -63,11 +63,11 @@ class QKNormConfig(GQAConfig):
 @dataclass
 class MLAConfig(Checked):
     kind: str = "mla"
-    q_rank: int = bounded(0, at_least=0)  # 0: no query compression
-    kv_rank: int = bounded(96, at_least=1)  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
-    rope_dim: int = bounded(32, at_least=1)  # per-head rotary query dims, and the one shared rotary key's
-    nope_dim: int = bounded(64, at_least=1)  # per-head query/key dims without position
-    v_dim: int = bounded(64, at_least=1)  # per-head value dims
+    q_rank: Any = width(0, at_least=0)  # 0: no query compression
+    kv_rank: Any = width(96)  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
+    rope_dim: Any = width(32)  # per-head rotary query dims, and the one shared rotary key's
+    nope_dim: Any = width(64)  # per-head query/key dims without position
+    v_dim: Any = width(64)  # per-head value dims
     absorb: bool = True  # decode in the latent space (W_UK into the query, W_UV into the output)
 
     def check(self, prefix: str) -> None:
@@ -80,7 +80,7 @@ class MLAConfig(Checked):
 @dataclass
 class FFNConfig:
     kind: str = ""
-    hidden: int | None = bounded(None, at_least=1)  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
+    hidden: Any = width(None)  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
 
 
 @FFN.option("gelu")
@@ -236,6 +236,8 @@ class ModelConfig(Checked):
     tie_embeddings: bool = True
     init_std: float = 0.02
     vocab_multiple: int = bounded(64, at_least=1)  # pad the vocabulary for faster matmuls
+    parametrization: str = choice("standard", ("standard", "mup"))  # mup: init, per-layer Adam lr and output scale that transfer across widths (Yang et al. 2022)
+    mup_base_width: int = bounded(128, at_least=1)  # mup: the d_model at which mup equals standard (tune optim.lr there)
 
     def check(self, prefix: str) -> None:
         if self.d_model % self.n_heads:
@@ -273,11 +275,13 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
         """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
         model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
+        model = parse_dataclass(ModelConfig, model, "model")
+        sizes = {"d_model": model.d_model, "max_seq_len": model.max_seq_len}  # for widths such as d_model/4
         return cls(
             vocab_size=vocab_size,
-            model=parse_dataclass(ModelConfig, model, "model"),
-            attention=ATTENTION.config(cfg.get("attention"), "attention"),
-            ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn"),
+            model=model,
+            attention=ATTENTION.config(cfg.get("attention"), "attention", sizes),
+            ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn", sizes),
             norm=BLOCK.config(cfg.get("norm") or NormConfig(), "norm"),
             pos=POSITION.config(cfg.get("pos"), "pos"),
             objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
