@@ -55,6 +55,9 @@ def _common_objections(spec, model, attention_kinds: tuple[str, ...]) -> list[st
         out.append(why)
     if FFN.get(spec.ffn.kind).sparse:
         out.append(f"model/ffn={spec.ffn.kind} (mixture of experts)")
+    if getattr(model, "width_mult", 1.0) != 1.0:
+        out.append(f"model.parametrization=mup at d_model={spec.model.d_model} != mup_base_width={spec.model.mup_base_width} "
+                   "(its logit and attention-score multipliers have no field there)")
     return out
 
 

@@ -78,18 +78,49 @@ class Transformer(nn.Module):
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.mtp = nn.ModuleList(MTPHead(m.d_model, spec.norm, m.bias) for _ in range(m.mtp_heads))
+        # muP (Yang et al. 2022, Tensor Programs V, table 3 for Adam), relative to a model of
+        # model.mup_base_width, with which it coincides: hidden matrices start at init_std /
+        # sqrt(width_mult) and learn at lr / width_mult (`lr_multipliers`), the logits are
+        # scaled by 1 / width_mult, and attention scores by 1/D instead of 1/sqrt(D) (as
+        # 1/sqrt(D) x sqrt(D_base / D), the head count being the same at every width).
+        # Embeddings, norms and biases keep the standard init and learning rate.
+        self.width_mult = m.d_model / m.mup_base_width if m.parametrization == "mup" else 1.0
+        self.output_mult = 1.0 / self.width_mult
+        if self.width_mult != 1.0:
+            for blk in self.blocks:
+                blk.attn.score_mult = 1.0 / math.sqrt(self.width_mult)
         self.reset_parameters()
 
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The weights muP calls hidden: every linear layer's matrix but the LM head's
+        (embeddings are not linear layers)."""
+        return [mod.weight for mod in self.modules() if isinstance(mod, nn.Linear) and mod is not self.lm_head]
+
+    def lr_multipliers(self) -> dict[int, float]:
+        """Per-parameter learning-rate factors (by ``id``): 1 / width_mult for the hidden
+        matrices under muP; none under the standard parametrization."""
+        if self.width_mult == 1.0:
+            return {}
+        return {id(p): 1.0 / self.width_mult for p in self.hidden_matrices()}
+
     def reset_parameters(self) -> None:
-        """N(0, init_std); residual output projections scaled by 1/sqrt(2L) (GPT-2, section 2.3)."""
+        """N(0, init_std); residual output projections scaled by 1/sqrt(2L) (GPT-2, section 2.3);
+        under muP the hidden matrices' std by 1/sqrt(width_mult) too."""
         std = self.spec.model.init_std
         residual = {id(p) for blk in self.blocks for part in (blk.attn, blk.ffn) for p in part.residual_projections()}
+        hidden = {id(p) for p in self.hidden_matrices()}
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 scale = 1 / math.sqrt(2 * self.spec.model.n_layers) if id(module) in residual else 1.0
+                if id(module.weight) in hidden and self.width_mult != 1.0:
+                    scale /= math.sqrt(self.width_mult)
                 nn.init.normal_(module.weight, mean=0.0, std=std * scale)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+
+    def head_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads: the final states, times muP's output multiplier."""
+        return h if self.output_mult == 1.0 else h * self.output_mult
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
@@ -113,7 +144,7 @@ class Transformer(nn.Module):
             cache.pos += T
         h = self.norm(x)
         fused = not logits and targets is not None and use_fused(h, self.lm_head.weight, head_loss)
-        out = ModelOutput(None if fused else self.lm_head(h), weights=all_weights if need_weights else None,
+        out = ModelOutput(None if fused else self.lm_head(self.head_input(h)), weights=all_weights if need_weights else None,
                           hidden=h)
         if targets is None:
             return out
@@ -140,15 +171,15 @@ class Transformer(nn.Module):
                    logits: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy of the LM head on states ``h`` against ``targets``."""
         if fused:
-            return linear_cross_entropy(h, self.lm_head.weight, targets, IGNORE)
-        logits = self.lm_head(h) if logits is None else logits
+            return linear_cross_entropy(self.head_input(h), self.lm_head.weight, targets, IGNORE)
+        logits = self.lm_head(self.head_input(h)) if logits is None else logits
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
     def mtp_logits(self, h: torch.Tensor) -> list[torch.Tensor]:
         """Logits of each MTP head on states ``h`` (B, T, d): head k at position t predicts the
         token at t + 1 + k."""
-        return [self.lm_head(head(h)) for head in self.mtp]
+        return [self.lm_head(self.head_input(head(h))) for head in self.mtp]
 
     def aux_losses(self) -> dict[str, dict[str, torch.Tensor]]:
         """Auxiliary losses that parts computed in the last forward (MoE load balance), under

@@ -5,6 +5,7 @@ here, so composing a config imports none; the classes that build the optimizers 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from llmlab.errors import ConfigError
 from llmlab.registry import Checked, Registry, bounded, choice
@@ -24,6 +25,7 @@ def check_torch_has(name: str, since: str, prefix: str) -> None:
 @OPTIMIZER.option("adamw")
 @dataclass
 class AdamWConfig:
+    mup: ClassVar[bool] = True  # Adam's update is scale-free per coordinate: muP's Adam rules hold (model.parametrization=mup)
     kind: str = "adamw"
     lr: float = bounded(3e-3, above=0)  # peak learning rate; the schedule scales it
     beta1: float = bounded(0.9, at_least=0, below=1)
@@ -51,6 +53,7 @@ class SGDConfig(Checked):
 @OPTIMIZER.option("lion")
 @dataclass
 class LionConfig:
+    mup: ClassVar[bool] = True  # a sign update: scale-free per coordinate, as Adam's
     kind: str = "lion"
     lr: float = bounded(3e-4, above=0)
     beta1: float = bounded(0.9, at_least=0, below=1)

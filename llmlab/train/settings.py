@@ -173,6 +173,10 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     if distill.teacher and distill.data == "teacher" and distill.prompt_tokens > spec.model.max_seq_len:
         raise ConfigError(f"distill.prompt_tokens: must be at most model.max_seq_len={spec.model.max_seq_len}, "
                           f"got {distill.prompt_tokens}")
+    if spec.model.parametrization == "mup" and not getattr(type(optim), "mup", False):
+        allowed = [name for name in OPTIMIZER.names() if getattr(OPTIMIZER.config_of(name), "mup", False)]
+        raise ConfigError(f"model.parametrization: mup scales per-layer learning rates by Adam's rules, which do not hold for "
+                          f"optim={optim.kind}; allowed with mup: {', '.join(allowed)}")
     grad_accum = loop.grad_accum
     if loop.batch_tokens is not None:
         micro = loop.batch_size * spec.model.max_seq_len

@@ -81,6 +81,7 @@ REFUSED = {
     "moe": (["model=llama", "model/ffn=moe"], "mixture of experts"),
     "mlm": (["model=bert"], "objective=mlm"),
     "sinusoidal": (["model=llama", "pos=sinusoidal"], "pos=sinusoidal"),
+    "mup": (["model=llama", "model.parametrization=mup", "model.mup_base_width=16"], "model.parametrization=mup"),
 }
 
 

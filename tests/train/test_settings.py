@@ -39,3 +39,54 @@ def test_a_sweep_groups_its_runs_only_with_a_logger_that_groups():
     assert grouped.logger.group == "sweep-1" and grouped.config["logger"]["group"] == "sweep-1"
     assert job.logger.group is None and job.config["logger"]["group"] is None  # a new job; this one is frozen
     assert LOGGER.get("wandb").groups_runs and not LOGGER.get("none").groups_runs
+
+
+# Run ids measured before sched.warmup could be null, widths could be relative and muP existed:
+# runs of these settings keep their ids (and resume) across the change.
+OLD_RUN_IDS = {(): "83b82b337a8d", ("model=mla",): "4a6dd166b726", ("model=swa",): "73814f12e173",
+               ("model=gqa", "attention.kv_heads=2"): "167838239fb6", ("sched=wsd",): "923a2a17d397",
+               ("sched.warmup=10",): "9da8e2deefce", ("model/ffn=moe",): "838e6c87021e", ("model=gpt2",): "4fdfad3171d3"}
+
+
+@pytest.mark.parametrize("overrides", OLD_RUN_IDS)
+def test_settings_written_before_keep_their_run_ids(overrides):
+    assert job_of(*overrides)[0].run_id == OLD_RUN_IDS[overrides]
+
+
+def test_a_budget_run_with_an_unset_warmup_gets_a_new_id_since_it_trains_differently():
+    assert job_of("train.max_flops=1e12")[0].run_id != "69ea3ea94f23"  # its id when the warm-up was 50 steps
+    assert job_of("train.max_flops=1e12", "sched.warmup=50")[0].run_id == "69ea3ea94f23"  # asking for 50 steps keeps it
+
+
+def test_widths_relative_to_the_model_resolve_as_documented():
+    job, cfg = job_of("model=mla", "model.d_model=128", "attention.kv_rank=d_model/2", "attention.rope_dim=0.125*d_model",
+                      "attention.nope_dim=d_model*0.25", "model/ffn=gelu", "ffn.hidden=3*d_model")
+    a = job.spec.attention
+    assert (a.kv_rank, a.rope_dim, a.nope_dim, a.v_dim) == (64, 16, 32, 64) and job.spec.ffn.hidden == 384
+    assert cfg["attention"]["kv_rank"] == "d_model/2"  # the settings as written: the run id follows them
+    wide, _ = job_of("model=mla", "model.d_model=256", "attention.kv_rank=d_model/2")
+    assert wide.spec.attention.kv_rank == 128  # the same design at another width
+    swa, _ = job_of("model=swa", "model.max_seq_len=256", "attention.window=max_seq_len/4")
+    assert swa.spec.attention.window == 64
+    assert job_of("model=mla", "model.d_model=192", "attention.kv_rank=96")[0].spec.attention.kv_rank == 96
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("attention.kv_rank=d_modl/2", r"^attention.kv_rank: expected an integer or a width relative to model.d_model such as d_model/4"),
+    ("attention.kv_rank=d_model/0", r"^attention.kv_rank: expected a number in 'd_model/0'"),
+    ("attention.kv_rank=2.5", r"^attention.kv_rank: expected an integer or a width relative to model.d_model"),
+    ("attention.kv_rank=d_model/1000", r"^attention.kv_rank: must be >= 1, got 0"),
+    ("attention.rope_dim=d_model/12", r"^attention.rope_dim: must be even"),  # 192 / 12 = 16 is even; 256 / 12 is not
+])
+def test_a_bad_relative_width_names_its_key(setting, message):
+    from llmlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        job_of("model=mla", "model.d_model=256" if "rope" in setting else "model.d_model=192", setting)
+
+
+def test_mup_is_refused_with_an_optimizer_it_has_no_rule_for():
+    from llmlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.parametrization: mup .* optim=sgd; allowed with mup: adamw, lion, radam$"):
+        job_of("model.parametrization=mup", "optim=sgd")

@@ -87,6 +87,8 @@ class Attention(nn.Module):
 
     #: settings that keep a test model small (tests build every registered kind with them)
     test_settings: dict = {}
+    #: a factor on the scores' 1/sqrt(D) scale (muP sets it; see `Transformer`)
+    score_mult: float = 1.0
 
     def __init__(self, causal: bool):
         super().__init__()
@@ -130,6 +132,8 @@ class Attention(nn.Module):
         aligned causal mask as a flag, one new query with no mask at all), the math path with
         weights where asked."""
         Tq, Tk = q.shape[2], k.shape[2]
+        if self.score_mult != 1.0:  # muP: 1/D where the standard parametrization has 1/sqrt(D)
+            scale = (scale if scale is not None else 1 / math.sqrt(q.shape[-1])) * self.score_mult
         window = self.window()
         mask = attention_mask(q_pos, k_pos, self.causal, window)
         bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk) or None

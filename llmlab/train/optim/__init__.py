@@ -13,19 +13,21 @@ from llmlab.train.optim_config import OPTIMIZER
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
     """Decay only matrices of linear layers: norms, biases and (by default) embeddings are
-    left alone, as in GPT-2/GPT-3 practice. Tied weights appear once."""
+    left alone, as in GPT-2/GPT-3 practice. Tied weights appear once. Parameters the model
+    gives a learning-rate factor (muP's hidden matrices: ``model.lr_multipliers()``) form
+    groups of their own, whose ``lr_mult`` `build_optimizer` applies."""
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
+    multipliers = model.lr_multipliers() if hasattr(model, "lr_multipliers") else {}
+    groups: dict[tuple[bool, float], list] = {(True, 1.0): [], (False, 1.0): []}  # the standard two, in this order
+    seen = set()
     for _, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        is_embedding = id(p) in embedding_ids
-        if p.dim() >= 2 and (decay_embeddings or not is_embedding):
-            decay.append(p)
-        else:
-            no_decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = p.dim() >= 2 and (decay_embeddings or id(p) not in embedding_ids)
+        groups.setdefault((decays, multipliers.get(id(p), 1.0)), []).append(p)
+    return [{"params": params, "weight_decay": weight_decay if decays else 0.0, **({"lr_mult": mult} if mult != 1.0 else {})}
+            for (decays, mult), params in groups.items() if params or mult == 1.0]
 
 
 class OptimizerKind:
@@ -166,5 +168,6 @@ def build_optimizer(cfg, model: nn.Module, device: torch.device):
     for the schedule to scale."""
     opt = OPTIMIZER.build(cfg, model, device)
     for group in opt.param_groups:
+        group["lr"] = group["lr"] * group.get("lr_mult", 1.0)
         group["base_lr"] = group["lr"]
     return opt
