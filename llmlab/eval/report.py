@@ -67,7 +67,7 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
     comparisons = [compare(g, base) for g in groups if g is not base]
     return {"matched_tokens": matched, "baseline": base.label, "groups": rows, "comparisons": comparisons,
             "speed_note": speed_note(rows, [r for g in groups for r in g.runs]),
-            "size_note": size_note(rows, base.label)}
+            "size_note": size_note(rows, base.label, swept_sizes(groups))}
 
 
 # Groups whose parameters or FLOPs per token differ by more than this share from the baseline's
@@ -75,18 +75,47 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
 SIZE_SHARE = 0.05
 
 
-def size_note(rows: list[dict], baseline: str) -> str | None:
+def swept_sizes(groups: list[Group]) -> dict[str, tuple[str, ...]]:
+    """Per group label: its values of the size settings (``model.*``) that vary over the
+    groups; empty when no size is swept."""
+    from llmlab.eval.scaling_report import is_size_key
+
+    values: dict[str, set] = {}
+    for g in groups:
+        for o in g.runs[0].label_overrides:
+            key = o.split("=", 1)[0].lstrip("+~")
+            if is_size_key(key):
+                values.setdefault(key, set()).add(o)
+    swept = sorted(k for k, v in values.items() if len(v) > 1)
+    if not swept:
+        return {}
+    return {g.label: tuple(sorted(o for o in g.runs[0].label_overrides if o.split("=", 1)[0].lstrip("+~") in swept))
+            for g in groups}
+
+
+def size_note(rows: list[dict], baseline: str, swept: dict[str, tuple[str, ...]] | None = None) -> str | None:
     """One line naming the groups whose size differs from the baseline's by more than
-    `SIZE_SHARE` (parameters or training FLOPs per token); None when all match."""
-    base = next(r for r in rows if r["group"] == baseline)
+    `SIZE_SHARE` (parameters or training FLOPs per token); None when all match. When a size
+    setting is a swept axis (``swept``: each group's values of it), sizes differ by design: a
+    group is compared with the first group of its own size instead, and the line says so once."""
+    swept = swept or {}
     flagged = []
     for r in rows:
+        same_size = [b for b in rows if swept.get(b["group"]) == swept.get(r["group"])] if swept else []
+        base = same_size[0] if swept else next(b for b in rows if b["group"] == baseline)
         diffs = [f"{what} {r[key] / base[key] - 1:+.0%}" for key, what in
                  (("params", "params"), ("flops_per_token", "FLOPs/token"))
                  if r.get(key) and base.get(key) and abs(r[key] / base[key] - 1) > SIZE_SHARE]
         if diffs:
             r["size_differs"] = True
-            flagged.append(f"{r['group']} ({', '.join(diffs)})")
+            flagged.append(f"{r['group']} ({', '.join(diffs)} against {base['group']})" if swept else
+                           f"{r['group']} ({', '.join(diffs)})")
+    if swept:
+        keys = sorted({o.split("=", 1)[0] for values in swept.values() for o in values})
+        line = (f"Sizes differ by design: {', '.join(keys)} is swept, so groups of different sizes are not flagged; "
+                "‡ compares a group with the first group of the same size")
+        return line + (f", and these differ by more than {SIZE_SHARE:.0%}: {'; '.join(flagged)}." if flagged else
+                       f", and none differs by more than {SIZE_SHARE:.0%}.")
     if not flagged:
         return None
     return (f"Sizes differ from the baseline's by more than {SIZE_SHARE:.0%}, so a loss difference is partly a "
@@ -216,7 +245,8 @@ def notes(report: dict) -> list[str]:
     ‡ size differences, and speeds that cannot be compared."""
     out = [f"† {r['group']}: {c}" for r in report["groups"] for c in r.get("caveats") or []]
     if report.get("size_note"):
-        out.append("‡ " + report["size_note"])
+        flagged = any(r.get("size_differs") for r in report["groups"])
+        out.append(("‡ " if flagged else "") + report["size_note"])
     if report.get("speed_note"):
         out.append(report["speed_note"])
     return out

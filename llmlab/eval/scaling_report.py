@@ -171,18 +171,125 @@ def crossings(found: dict[str, dict], measured: tuple[float, float]) -> list[dic
     return out
 
 
-def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int = sc.BOOTSTRAPS) -> dict | None:
-    """The section's data, or None when the runs have no budget axis and size axis."""
+def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -> dict | None:
+    """The fit's own check: fitted on every budget but the largest, its prediction of the
+    largest budget's best loss (the lowest over the sizes run there), with a 95% prediction
+    interval (the bootstrap's fits plus the seed noise of a mean over as many seeds as the
+    observed cell has), beside the best loss observed there. None with fewer than 3 budgets."""
+    if len(budgets) < 3:
+        return None
+    top = budgets[-1]
+    train = [c for c in cells if not np.isclose(c.budget, top)]
+    held = [c for c in cells if np.isclose(c.budget, top)]
+    if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
+        return None
+    fit = sc.fit_surface([c.n for c in train for _ in c.losses], [c.d for c in train for _ in c.losses],
+                         [v for c in train for v in c.losses])
+    best = min(held, key=lambda c: float(np.mean(c.losses)))
+    observed = float(np.mean(best.losses))
+    n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
+    predicted = float(np.min(fit.loss(n, d)))
+    # a parametric bootstrap: runs drawn about the fit with the runs' own noise (Student t, as
+    # the spread is itself estimated from few runs), refitted; plus the noise of the observed mean
+    rng = np.random.default_rng(1)
+    sd, dof = seed_sd(train, fit)
+    tn, td = np.array([c.n for c in train for _ in c.losses]), np.array([c.d for c in train for _ in c.losses])
+    draws = []
+    for _ in range(reps):
+        try:
+            b = sc.fit_surface(tn, td, fit.loss(tn, td) + sd * rng.standard_t(dof, len(tn)), grid=sc.BOOT_GRID)
+        except ValueError:
+            continue
+        draws.append(float(np.min(b.loss(n, d))) + sd / math.sqrt(len(best.losses)) * float(rng.standard_t(dof)))
+    ci = sc.interval(draws)
+    inside = ci is not None and ci[0] <= observed <= ci[1]
+    return {"variant": label, "budget": top, "fitted_on": budgets[:-1], "predicted": predicted, "interval": ci,
+            "observed": observed, "error": observed / predicted - 1, "within_interval": inside,
+            "observed_size": best.n, "predicted_size": float(n[int(np.argmin(fit.loss(n, d)))]),
+            "surface": sc.surface_dict(fit)}
+
+
+def seed_sd(cells: list[sc.Cell], fit: sc.Surface) -> tuple[float, int]:
+    """One run's loss noise and its degrees of freedom: the pooled standard deviation over
+    seeds within cells, or, with one seed per cell, the fit's residuals' (less its five
+    parameters)."""
+    spread = [(len(c.losses) - 1, float(np.var(c.losses, ddof=1))) for c in cells if len(c.losses) > 1]
+    if spread:
+        dof = sum(k for k, _ in spread)
+        return math.sqrt(sum(k * v for k, v in spread) / dof), dof
+    residuals = np.array([v - float(fit.loss(c.n, c.d)) for c in cells for v in c.losses])
+    dof = max(1, len(residuals) - 5)
+    return float(np.sqrt(np.sum(residuals ** 2) / dof)), dof
+
+
+def _size_value(run: Run, key: str) -> float | None:
+    text = _value(run, key)
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -> list[dict]:
+    """Sizes that centre each budget's grid on the fitted optimum N*: the size setting that
+    gives N* (a power law N = k * value^p fitted to the runs), times the grid's own spacing to
+    either side, rounded to the runs' common step; and the `llmlab train -m` line that runs it."""
+    import shlex
+    from functools import reduce
+
+    if "surface" not in v:
+        return []
+    if len(size_keys) != 1:
+        return [{"why": f"a next grid needs one size axis; these runs sweep {', '.join(size_keys)}"}]
+    key = size_keys[0]
+    pairs = [(x, float(r.summary["params_non_embedding"])) for r in runs
+             if (x := _size_value(r, key)) and r.summary.get("params_non_embedding")]
+    values = sorted({x for x, _ in pairs})
+    if len(values) < 2:
+        return []
+    p, c = np.polyfit(np.log([x for x, _ in pairs]), np.log([n for _, n in pairs]), 1)
+    whole = all(float(x).is_integer() for x in values)
+    step = reduce(math.gcd, [int(x) for x in values]) if whole else None
+    ratio = max(1.25, float(np.exp(np.mean(np.diff(np.log(values))))))
+    common = [o for o in runs[0].overrides if all(o in r.overrides for r in runs)
+              and _key(o) not in (key, BUDGET_KEY, "seed") and not _key(o).startswith("hydra")]
+    seeds = sorted({str(r.seed) for r in runs if r.seed is not None}, key=float_or)
+    out = []
+    for b in v["per_budget"]:
+        centre = float(np.exp((math.log(b["n_opt"]) - c) / p))
+        grid = [centre * ratio ** (i - (points - 1) / 2) for i in range(points)]
+        if step:  # the runs' common step (a multiple the sizes need), halved while it would merge points
+            unit = step
+            while len({max(unit, round(g / unit) * unit) for g in grid}) < points and unit % 2 == 0:
+                unit //= 2
+            grid = sorted({max(unit, int(round(g / unit)) * unit) for g in grid})
+        text = ",".join(f"{g:g}" for g in grid)
+        words = ["llmlab", "train", "-m", *common, f"{key}={text}", f"{BUDGET_KEY}={b['budget']:g}"]
+        words += [f"seed={','.join(seeds)}"] if seeds else []
+        out.append({"budget": b["budget"], "n_opt": b["n_opt"], "size_key": key, "centre": centre, "sizes": grid,
+                    "command": " ".join(shlex.quote(w) for w in words)})
+    return out
+
+
+def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int = sc.BOOTSTRAPS,
+                    budgets: list[float] | None = None) -> dict | None:
+    """The section's data, or None when the runs have no budget axis and size axis. The
+    optimum and the next grid are worked out at the measured budgets, or at ``budgets``."""
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
         return None
-    all_cells = {label: cells_of(rs) for label, rs in variants(runs, drop).items()}
-    budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
-    found = {label: analyse(cells, budgets, reps) for label, cells in all_cells.items()}
+    by_variant = variants(runs, drop)
+    all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
+    measured_budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
+    found = {label: analyse(cells, sorted(budgets or measured_budgets), reps) for label, cells in all_cells.items()}
+    budgets = measured_budgets
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
+    held = [h for label, cells in all_cells.items() if (h := holdout(label, cells, budgets, reps)) is not None]
+    grids = {label: next_grid(by_variant[label], v, sizes) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
-            "crossings": crossings(found, measured) if budgets else []}
+            "crossings": crossings(found, measured) if budgets else [], "holdout": held,
+            "next_grid": {label: g for label, g in grids.items() if g}}
 
 
 def public(section: dict) -> dict:
@@ -253,8 +360,36 @@ def markdown(section: dict, figure: str | None) -> list[str]:
                        + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
     if not section["crossings"]:
         out.append("- (one variant only)")
+    out += holdout_markdown(section.get("holdout") or [])
+    grids = section.get("next_grid") or {}
+    if grids:
+        out += ["", "Next grid: sizes that centre each budget's grid on this fit's N* (spaced as the grid that was run):",
+                "", "```"]
+        out += [g.get("command") or f"# {label}: {g['why']}" for label, gs in grids.items() for g in gs]
+        out += ["```"]
     if figure:
         out += ["", f"![loss vs compute]({figure})"]
+    return out
+
+
+def holdout_markdown(held: list[dict]) -> list[str]:
+    if not held:
+        return []
+    out = ["", f"Hold-out check: each variant's surface fitted without the largest budget predicts that budget's best "
+           "loss (the lowest over its sizes). Interval: 95% prediction interval (the bootstrap's fits plus the seed "
+           "noise of the observed mean).", "",
+           "| variant | held-out budget | fitted on | predicted (95% PI) | observed | error |", "|" + " --- |" * 6]
+    for h in held:
+        out.append(f"| {h['variant']} | {h['budget']:.3g} | {', '.join(f'{b:.3g}' for b in h['fitted_on'])} | "
+                   f"{h['predicted']:.4f}{_ci(h['interval'], 4)} | {h['observed']:.4f} | {h['error']:+.2%} |")
+    for h in held:
+        if not h["within_interval"]:
+            out += ["", f"**⚠ hold-out miss: {h['variant']}: the best loss at {h['budget']:.3g} FLOPs was {h['observed']:.4f}, "
+                    f"outside the interval{_ci(h['interval'], 4)} of the fit on the smaller budgets: the surface does "
+                    "not extrapolate, so its optimum and crossings beyond the measured budgets are not to be trusted.**"]
+        if h["surface"].get("at_bounds"):
+            out += ["", f"**⚠ {h['variant']}: the hold-out fit has {', '.join(h['surface']['at_bounds'])}: on a bound "
+                    "of the fit, so its prediction leans on that bound.**"]
     return out
 
 
@@ -291,6 +426,13 @@ def scaling_lines(section: dict) -> list[str]:
                            + (" (IsoFLOP grid off-centre)" if b["isoflop_off_centre"] else "") for b in v["per_budget"])
         out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
                    + (f" (on a bound: {', '.join(s['at_bounds'])})" if s.get("at_bounds") else "") + "; " + optima)
+    for h in section.get("holdout") or []:
+        out.append(f"scaling: {h['variant']}: fitted without {h['budget']:.3g} FLOPs, predicts its best loss "
+                   f"{h['predicted']:.4f}{_ci(h['interval'], 4)}, observed {h['observed']:.4f} ({h['error']:+.2%})"
+                   + ("" if h["within_interval"] else " — outside the interval"))
+    for label, grids in (section.get("next_grid") or {}).items():
+        for g in grids:
+            out.append(f"scaling: next grid: {g.get('command') or label + ': ' + g['why']}")
     for c in section["crossings"]:
         where = ("no crossing" if c["budget"] is None else f"cross at {c['budget']:.3g} FLOPs"
                  + (" (extrapolated)" if c["extrapolated"] else ""))

@@ -227,3 +227,71 @@ def test_budgets_are_read_as_train_reads_them(tmp_path):
     bad = Run(tmp_path / "bad", summary, ["train.max_flops=lots"], 0, [])
     with pytest.raises(UserError, match=r"^runs: .*bad: train.max_flops: must be a number of FLOPs"):
         cells_of([bad])
+
+
+def test_the_fit_without_the_largest_budget_predicts_its_best_loss(tmp_path):
+    fake_sweep(tmp_path / "sweep")
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+    held = result["scaling"]["holdout"]
+    assert [h["variant"] for h in held] == ["model/attention=mha", "model/attention=mla"]
+    for h, surface in zip(held, SURFACES.values()):
+        assert h["budget"] == BUDGETS[-1] and h["fitted_on"] == list(BUDGETS[:-1])
+        sizes = np.array(MIDDLE * np.array([0.3, 1, 3]))
+        truth = float(np.min(surface.loss(sizes, BUDGETS[-1] / SIX_N(sizes))))
+        assert h["predicted"] == pytest.approx(truth, rel=0.002)  # the noise is 0.002 on a loss near 3.7
+        assert abs(h["error"]) < 0.005 and h["within_interval"], h
+        lo, hi = h["interval"]
+        assert lo < h["predicted"] < hi
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())["scaling"]["holdout"]
+    assert {"variant", "budget", "predicted", "interval", "observed"} <= set(saved[0])
+    assert "hold-out miss" not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_path):
+    fake_sweep(tmp_path / "sweep")
+    for summary in (tmp_path / "sweep").glob("*/summary.json"):  # the largest budget's runs do worse than the law
+        s = json.loads(summary.read_text())
+        if s["flops"] == BUDGETS[-1]:
+            summary.write_text(json.dumps({**s, "val_loss": s["val_loss"] + 0.05}))
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+    assert [h["within_interval"] for h in result["scaling"]["holdout"]] == [False, False]
+    lines = [ln for ln in (tmp_path / "out" / "report.md").read_text().splitlines() if "hold-out miss" in ln]
+    assert len(lines) == 2 and all(ln.startswith("**⚠ hold-out miss: model/attention=m") and ln.endswith("**")
+                                   for ln in lines)
+
+
+def test_the_next_grid_centres_a_known_optimum(tmp_path):
+    # sizes set by model.d_model with N = 24 d^2 (two blocks of 12 d^2), all below the optimum
+    d_star = {b: math.sqrt(true_optimum(TRUE, b) / 24) for b in BUDGETS}
+    widths = (32, 64, 128)
+    rng = np.random.default_rng(0)
+    for k, (budget, width, seed) in enumerate((b, w, s) for b in BUDGETS for w in widths for s in (0, 1)):
+        d = tmp_path / "sweep" / str(k)
+        (d / ".hydra").mkdir(parents=True)
+        ovs = ["model.n_layers=2", f"model.d_model={width}", f"train.max_flops={budget:g}", f"seed={seed}"]
+        (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in ovs))
+        n = 24 * width ** 2
+        (d / "summary.json").write_text(json.dumps({
+            "val_loss": float(TRUE.loss(n, budget / SIX_N(n)) + rng.normal(0, 0.002)), "seed": seed,
+            "params_non_embedding": n, "flops_per_token": float(SIX_N(n)), "tokens": budget / SIX_N(n), "flops": budget}))
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+    (grids,) = result["scaling"]["next_grid"].values()
+    assert [g["budget"] for g in grids] == list(BUDGETS)
+    for g in grids:
+        low, mid, high = g["sizes"]
+        assert low < mid < high and all(s % 32 == 0 for s in g["sizes"])  # the runs' common step
+        assert abs(mid - d_star[g["budget"]]) <= 16, (g, d_star)  # the middle size is the optimum, to the step
+        assert math.isclose(low * high, mid * mid, rel_tol=0.3)  # spaced evenly in log size
+        assert g["command"] == (f"llmlab train -m model.n_layers=2 model.d_model={low},{mid},{high} "
+                                f"train.max_flops={g['budget']:g} seed=0,1")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.count("llmlab train -m model.n_layers=2 model.d_model=") == len(BUDGETS)
+
+
+def test_a_swept_size_is_said_once_not_flagged_on_every_row(tmp_path):
+    fake_sweep(tmp_path / "sweep")
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+    assert result["size_note"].startswith("Sizes differ by design: model.d_model is swept")
+    assert not any(r.get("size_differs") for r in result["groups"])  # mha and mla have the same size at each width
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "‡" not in md.split("## Against")[0].replace(result["size_note"], "")
