@@ -89,4 +89,4 @@ def test_mup_is_refused_with_an_optimizer_it_has_no_rule_for():
     from llmlab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^model.parametrization: mup .* optim=sgd; allowed with mup: adamw, lion, radam$"):
-        job_of("model.parametrization=mup", "optim=sgd")
+        job_of("model.parametrization=mup", "model.tie_embeddings=false", "optim=sgd")
