@@ -271,10 +271,12 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
     return out
 
 
-def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int = sc.BOOTSTRAPS,
+def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | None = None,
                     budgets: list[float] | None = None) -> dict | None:
     """The section's data, or None when the runs have no budget axis and size axis. The
-    optimum and the next grid are worked out at the measured budgets, or at ``budgets``."""
+    optimum and the next grid are worked out at the measured budgets, or at ``budgets``;
+    ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`)."""
+    reps = reps or sc.BOOTSTRAPS
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
         return None

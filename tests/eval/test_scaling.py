@@ -130,6 +130,12 @@ def test_crossing_of_two_optimal_loss_curves():
 SURFACES = {"mha": TRUE, "mla": OTHER}
 
 
+@pytest.fixture
+def few_replicates(monkeypatch):
+    """For a test that asserts no interval's width: 40 bootstrap replicates instead of 200."""
+    monkeypatch.setattr(sc, "BOOTSTRAPS", 40)
+
+
 def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(None,), seeds=(0, 1), sigma=0.002) -> Path:
     """Run directories as a sweep leaves them: overrides and summary.json, the losses drawn
     from a known surface per variant (and, with an lr axis, worse away from lr 3e-3)."""
@@ -182,7 +188,7 @@ def test_report_writes_the_scaling_tables_and_figure(tmp_path):
     assert saved["scaling"]["variants"]["model/attention=mla"]["surface"]["e"] == pytest.approx(OTHER.e, abs=0.1)
 
 
-def test_an_off_centre_size_grid_is_flagged_in_the_report(tmp_path):
+def test_an_off_centre_size_grid_is_flagged_in_the_report(tmp_path, few_replicates):
     fake_sweep(tmp_path / "sweep", sizes=tuple(MIDDLE * np.array([0.003, 0.01, 0.03])))  # far below the optimum
     result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
     flags = [b["isoflop_off_centre"] for v in result["scaling"]["variants"].values() for b in v["per_budget"]]
@@ -190,13 +196,13 @@ def test_an_off_centre_size_grid_is_flagged_in_the_report(tmp_path):
     assert "off-centre ⚠" in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_no_scaling_section_without_both_axes(tmp_path):
+def test_no_scaling_section_without_both_axes(tmp_path, few_replicates):
     fake_sweep(tmp_path / "sweep", sizes=(MIDDLE,))
     assert "scaling" not in write_report([tmp_path / "sweep"], None, tmp_path / "out")
     assert not (tmp_path / "out" / "scaling.png").exists()
 
 
-def test_select_best_lr_keeps_each_cells_best_learning_rate(tmp_path):
+def test_select_best_lr_keeps_each_cells_best_learning_rate(tmp_path, few_replicates):
     fake_sweep(tmp_path / "sweep", lrs=(1e-3, 3e-3, 1e-2))
     result = write_report([tmp_path / "sweep"], None, tmp_path / "out", select="best_lr")
     choices = result["lr_choices"]
@@ -247,7 +253,7 @@ def test_the_fit_without_the_largest_budget_predicts_its_best_loss(tmp_path):
     assert "hold-out miss" not in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_path):
+def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_path, few_replicates):
     fake_sweep(tmp_path / "sweep")
     for summary in (tmp_path / "sweep").glob("*/summary.json"):  # the largest budget's runs do worse than the law
         s = json.loads(summary.read_text())
@@ -260,7 +266,7 @@ def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_p
                                    for ln in lines)
 
 
-def test_the_next_grid_centres_a_known_optimum(tmp_path):
+def test_the_next_grid_centres_a_known_optimum(tmp_path, few_replicates):
     # sizes set by model.d_model with N = 24 d^2 (two blocks of 12 d^2), all below the optimum
     d_star = {b: math.sqrt(true_optimum(TRUE, b) / 24) for b in BUDGETS}
     widths = (32, 64, 128)
@@ -288,7 +294,7 @@ def test_the_next_grid_centres_a_known_optimum(tmp_path):
     assert md.count("llmlab train -m model.n_layers=2 model.d_model=") == len(BUDGETS)
 
 
-def test_a_swept_size_is_said_once_not_flagged_on_every_row(tmp_path):
+def test_a_swept_size_is_said_once_not_flagged_on_every_row(tmp_path, few_replicates):
     fake_sweep(tmp_path / "sweep")
     result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
     assert result["size_note"].startswith("Sizes differ by design: model.d_model is swept")
