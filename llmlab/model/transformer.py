@@ -216,8 +216,12 @@ class Transformer(nn.Module):
         return list(dict.fromkeys(c for c in seen if c))
 
     def param_counts(self) -> dict[str, int]:
+        """Parameters: ``embedding`` counts the vocabulary's (token embedding, an untied LM
+        head) and the position table's, as Kaplan et al.'s non-embedding N leaves out; so a
+        model's N is the same tied or untied."""
         total = sum(p.numel() for p in self.parameters())
-        embedding = self.embed.weight.numel() + sum(p.numel() for p in self.pos.parameters())
+        head = 0 if self.spec.model.tie_embeddings else self.lm_head.weight.numel()
+        embedding = self.embed.weight.numel() + head + sum(p.numel() for p in self.pos.parameters())
         active = total - sum(blk.ffn.inactive_params() for blk in self.blocks)
         return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "active": active}
 
@@ -227,9 +231,7 @@ class Transformer(nn.Module):
         attention term (Kaplan et al. 2020; PaLM appendix B)."""
         seq_len = seq_len or self.max_seq_len
         counts = self.param_counts()
-        matmul_params = counts["active"] - counts["embedding"]
-        if self.spec.model.tie_embeddings:
-            matmul_params += self.lm_head.weight.numel()
+        matmul_params = counts["active"] - counts["embedding"] + self.lm_head.weight.numel()  # the head is a matmul
         attn = sum(blk.attn.flops_per_token(seq_len) for blk in self.blocks)
         return 6 * matmul_params + attn
 

@@ -251,6 +251,11 @@ def test_model_card_numbers():
     assert gqa.kv_cache_bytes_per_token(4) == model.kv_cache_bytes_per_token(4) // 2
     n = counts["non_embedding"] + 128 * 32  # the tied head is still a matmul
     assert model.flops_per_token(32) == 6 * n + 2 * 6 * 4 * 32 * (8 + 8)
+    # untied, the head is one more vocabulary matrix: N and the FLOPs per token are the same
+    untied = tiny_model(vocab_size=97, tie_embeddings=False)
+    assert untied.param_counts()["non_embedding"] == counts["non_embedding"]
+    assert untied.param_counts()["embedding"] == 2 * 128 * 32
+    assert untied.flops_per_token(32) == model.flops_per_token(32)
 
 
 def test_mtp_heads_leave_the_main_loss_alone_and_log_each_head():
