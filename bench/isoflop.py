@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from bench.common import RESULTS, write_result
 
 FIXED = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0",
@@ -50,7 +52,16 @@ VARIANTS = {
 }
 
 
+def finished(sweep: Path) -> bool:
+    """A sweep that ran to its end (it writes its report last)."""
+    return (sweep / "report.json").exists()
+
+
 def run(words: list[str], cwd: Path, env: dict) -> float:
+    sweep = next((w.split("=", 1)[1] for w in words if w.startswith("hydra.sweep.dir=")), None)
+    if sweep and finished(cwd / sweep):
+        print(f"{sweep}: finished before, kept")
+        return 0.0
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -67,12 +78,14 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--lr", help="optim.lr for every run (default: the one in FIXED)")
     ap.add_argument("--keep", type=Path, help="copy the runs here (to report on them again)")
+    ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "
+                    "sweep that already finished there, so an interrupted study resumes")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
     fixed = FIXED + ([f"optim.lr={args.lr}"] if args.lr else [])
     names = args.variants.split(",")
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-isoflop-") as tmp:
-        root = Path(tmp)
+        root = args.work or Path(tmp)
         env = {**os.environ, "LLMLAB_CACHE": str(root / "cache"), "PYTHONPATH": str(repo), "TERM": "dumb"}
         walls, commands = {}, []
         plan_dirs = []
@@ -89,6 +102,9 @@ def main() -> None:
         for name, plan_dir in zip(names, plan_dirs):
             # at each study budget, the sizes centred on the planning fit's N* there
             for b, sizes in plan_grid(root / plan_dir, budgets).items():
+                done = root / f"study/{name}-{b:g}"
+                if finished(done):  # what that sweep ran
+                    sizes = sorted({int(OmegaConf.load(p)["model"]["d_model"]) for p in done.glob("*/config.yaml")})
                 grids.setdefault(name, {})[f"{b:g}"] = sizes
                 words = ["train", "-m", *VARIANTS[name], f"model.d_model={','.join(map(str, sizes))}",
                          f"train.max_flops={b:g}", f"seed={args.seeds}", *fixed]

@@ -258,11 +258,12 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
     for b in v["per_budget"]:
         centre = float(np.exp((math.log(b["n_opt"]) - c) / p))
         grid = [centre * ratio ** (i - (points - 1) / 2) for i in range(points)]
-        if step:  # the runs' common step (a multiple the sizes need), halved while it would merge points
-            unit = step
-            while len({max(unit, round(g / unit) * unit) for g in grid}) < points and unit % 2 == 0:
-                unit //= 2
+        if step:  # the runs' common step (a multiple the sizes may need), halved once if points would merge
+            unit = step // 2 if step % 2 == 0 and len({round(g / step) for g in grid}) < points else step
             grid = sorted({max(unit, int(round(g / unit)) * unit) for g in grid})
+            if len(grid) < points:  # the optimum lies below the smallest step: the nearest legal sizes
+                grid = sorted(sorted((unit * k for k in range(1, 4 * points)),
+                                     key=lambda x: abs(math.log(x / centre)))[:points])
         text = ",".join(f"{g:g}" for g in grid)
         words = ["llmlab", "train", "-m", *common, f"{key}={text}", f"{BUDGET_KEY}={b['budget']:g}"]
         words += [f"seed={','.join(seeds)}"] if seeds else []

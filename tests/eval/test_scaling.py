@@ -301,3 +301,15 @@ def test_a_swept_size_is_said_once_not_flagged_on_every_row(tmp_path, few_replic
     assert not any(r.get("size_differs") for r in result["groups"])  # mha and mla have the same size at each width
     md = (tmp_path / "out" / "report.md").read_text()
     assert "‡" not in md.split("## Against")[0].replace(result["size_note"], "")
+
+
+def test_an_optimum_below_the_smallest_step_gets_the_smallest_legal_sizes(tmp_path):
+    from llmlab.eval.runs import Run
+    from llmlab.eval.scaling_report import next_grid
+
+    runs = [Run(tmp_path / str(w), {"params_non_embedding": 24 * w * w}, [f"model.d_model={w}", "train.max_flops=1e14"],
+                0, []) for w in (32, 64, 128)]
+    v = {"surface": {}, "per_budget": [{"budget": 1e14, "n_opt": 24 * 4.0 ** 2}]}  # the optimum: d_model 4
+    (grid,) = next_grid(runs, v, ["model.d_model"])
+    assert grid["sizes"] == [16, 32, 48]  # the step (32, halved once) is the least a size may move by
+    assert grid["centre"] == pytest.approx(4.0, rel=1e-6)
