@@ -137,7 +137,7 @@ def plan_grid(plan_dir: Path, budgets: list[float]) -> dict[float, list[int]]:
     from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
 
-    section = sr.scaling_section(find_runs([plan_dir]), budgets=budgets)
+    section = sr.scaling_section(find_runs([plan_dir]), at_budgets=budgets)
     (grids,) = section["next_grid"].values()
     return {g["budget"]: [int(x) for x in g["sizes"]] for g in grids}
 

@@ -77,20 +77,13 @@ SIZE_SHARE = 0.05
 
 def swept_sizes(groups: list[Group]) -> dict[str, tuple[str, ...]]:
     """Per group label: its values of the size settings (``model.*``) that vary over the
-    groups; empty when no size is swept."""
-    from llmlab.eval.scaling_report import is_size_key
+    groups (the scaling section's size axes); empty when no size is swept."""
+    from llmlab.eval.scaling_report import axes, override_key
 
-    values: dict[str, set] = {}
-    for g in groups:
-        for o in g.runs[0].label_overrides:
-            key = o.split("=", 1)[0].lstrip("+~")
-            if is_size_key(key):
-                values.setdefault(key, set()).add(o)
-    swept = sorted(k for k, v in values.items() if len(v) > 1)
+    swept, _ = axes([g.runs[0] for g in groups])
     if not swept:
         return {}
-    return {g.label: tuple(sorted(o for o in g.runs[0].label_overrides if o.split("=", 1)[0].lstrip("+~") in swept))
-            for g in groups}
+    return {g.label: tuple(sorted(o for o in g.runs[0].label_overrides if override_key(o) in swept)) for g in groups}
 
 
 def size_note(rows: list[dict], baseline: str, swept: dict[str, tuple[str, ...]] | None = None) -> str | None:

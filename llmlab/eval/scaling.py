@@ -134,13 +134,18 @@ class Cell:
     losses: tuple[float, ...]
 
 
+def runs_of(cells: Sequence[Cell]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cells as one row per run: sizes, tokens and losses."""
+    return (np.array([c.n for c in cells for _ in c.losses], dtype=float),
+            np.array([c.d for c in cells for _ in c.losses], dtype=float),
+            np.array([v for c in cells for v in c.losses], dtype=float))
+
+
 def bootstrap(cells: Sequence[Cell], fit: Surface, reps: int = BOOTSTRAPS, seed: int = 0) -> tuple[list[Surface], str]:
     """Surfaces refitted to resampled data: each cell's seeds drawn with replacement; where
     every cell has one seed, the fit's residuals drawn with replacement instead."""
     rng = np.random.default_rng(seed)
-    n = np.array([c.n for c in cells for _ in c.losses])
-    d = np.array([c.d for c in cells for _ in c.losses])
-    y = np.array([v for c in cells for v in c.losses])
+    n, d, y = runs_of(cells)
     one_seed = all(len(c.losses) == 1 for c in cells)
     residuals = y - fit.loss(n, d)
     out = []

@@ -23,12 +23,12 @@ LR_KEY = "optim.lr"
 BELOW, ABOVE = 10.0, 100.0  # crossings are looked for from budget_min / BELOW to budget_max * ABOVE
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
 def _value(run: Run, key: str) -> str | None:
-    return next((o.split("=", 1)[1] for o in reversed(run.label_overrides) if _key(o) == key), None)
+    return next((o.split("=", 1)[1] for o in reversed(run.label_overrides) if override_key(o) == key), None)
 
 
 def is_size_key(key: str) -> bool:
@@ -45,7 +45,7 @@ def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
                         "these runs have none; allowed: all, best_lr")
     cells: dict[tuple, dict[str, list[Run]]] = {}
     for r in runs:
-        cell = tuple(sorted(o for o in r.label_overrides if _key(o) != LR_KEY))
+        cell = tuple(sorted(o for o in r.label_overrides if override_key(o) != LR_KEY))
         cells.setdefault(cell, {}).setdefault(_value(r, LR_KEY) or "default", []).append(r)
     shared = set.intersection(*(set(c) for c in cells)) if cells else set()
     kept, choices = [], []
@@ -75,7 +75,7 @@ def axes(runs: list[Run]) -> tuple[list[str], bool]:
     values: dict[str, set] = {}
     for r in runs:
         for o in r.label_overrides:
-            values.setdefault(_key(o), set()).add(o.split("=", 1)[-1])
+            values.setdefault(override_key(o), set()).add(o.split("=", 1)[-1])
     sizes = [k for k, v in values.items() if is_size_key(k) and len(v) > 1]
     return sizes, len(values.get(BUDGET_KEY, ())) > 1
 
@@ -85,7 +85,7 @@ def variants(runs: list[Run], drop: set[str]) -> dict[str, list[Run]]:
     by the overrides that differ between variants."""
     def rest(r: Run) -> tuple:
         return tuple(sorted(o for o in r.label_overrides
-                            if not (is_size_key(_key(o)) or _key(o) == BUDGET_KEY or _key(o) in drop)))
+                            if not (is_size_key(override_key(o)) or override_key(o) == BUDGET_KEY or override_key(o) in drop)))
     keys = [rest(r) for r in runs]
     shared = set.intersection(*(set(k) for k in keys)) if keys else set()
     out: dict[str, list[Run]] = {}
@@ -119,9 +119,7 @@ def analyse(cells: list[sc.Cell], budgets: list[float], reps: int) -> dict:
     sizes = sorted({c.n for c in cells})
     if len(sizes) < 2 or len({c.budget for c in cells}) < 2 or sum(len(c.losses) for c in cells) < 5:
         return {"why": "a fit needs at least 2 sizes, 2 budgets and 5 finished runs"}
-    n = [c.n for c in cells for _ in c.losses]
-    d = [c.d for c in cells for _ in c.losses]
-    y = [v for c in cells for v in c.losses]
+    n, d, y = sc.runs_of(cells)
     fit = sc.fit_surface(n, d, y)
     boots, kind = sc.bootstrap(cells, fit, reps)
     flops = sc.FlopsPerToken.fit([c.n for c in cells], [c.fpt for c in cells])
@@ -183,17 +181,16 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -
     held = [c for c in cells if np.isclose(c.budget, top)]
     if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
         return None
-    fit = sc.fit_surface([c.n for c in train for _ in c.losses], [c.d for c in train for _ in c.losses],
-                         [v for c in train for v in c.losses])
+    tn, td, ty = sc.runs_of(train)
+    fit = sc.fit_surface(tn, td, ty)
     best = min(held, key=lambda c: float(np.mean(c.losses)))
     observed = float(np.mean(best.losses))
     n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
-    predicted = float(np.min(fit.loss(n, d)))
+    at_held = fit.loss(n, d)
     # a parametric bootstrap: runs drawn about the fit with the runs' own noise (Student t, as
     # the spread is itself estimated from few runs), refitted; plus the noise of the observed mean
     rng = np.random.default_rng(1)
     sd, dof = seed_sd(train, fit)
-    tn, td = np.array([c.n for c in train for _ in c.losses]), np.array([c.d for c in train for _ in c.losses])
     draws = []
     for _ in range(reps):
         try:
@@ -203,9 +200,10 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -
         draws.append(float(np.min(b.loss(n, d))) + sd / math.sqrt(len(best.losses)) * float(rng.standard_t(dof)))
     ci = sc.interval(draws)
     inside = ci is not None and ci[0] <= observed <= ci[1]
+    predicted = float(np.min(at_held))
     return {"variant": label, "budget": top, "fitted_on": budgets[:-1], "predicted": predicted, "interval": ci,
             "observed": observed, "error": observed / predicted - 1, "within_interval": inside,
-            "observed_size": best.n, "predicted_size": float(n[int(np.argmin(fit.loss(n, d)))]),
+            "observed_size": best.n, "predicted_size": float(n[int(np.argmin(at_held))]),
             "surface": sc.surface_dict(fit)}
 
 
@@ -217,7 +215,8 @@ def seed_sd(cells: list[sc.Cell], fit: sc.Surface) -> tuple[float, int]:
     if spread:
         dof = sum(k for k, _ in spread)
         return math.sqrt(sum(k * v for k, v in spread) / dof), dof
-    residuals = np.array([v - float(fit.loss(c.n, c.d)) for c in cells for v in c.losses])
+    n, d, y = sc.runs_of(cells)
+    residuals = y - fit.loss(n, d)
     dof = max(1, len(residuals) - 5)
     return float(np.sqrt(np.sum(residuals ** 2) / dof)), dof
 
@@ -252,7 +251,7 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
     step = reduce(math.gcd, [int(x) for x in values]) if whole else None
     ratio = max(1.25, float(np.exp(np.mean(np.diff(np.log(values))))))
     common = [o for o in runs[0].overrides if all(o in r.overrides for r in runs)
-              and _key(o) not in (key, BUDGET_KEY, "seed") and not _key(o).startswith("hydra")]
+              and override_key(o) not in (key, BUDGET_KEY, "seed") and not override_key(o).startswith("hydra")]
     seeds = sorted({str(r.seed) for r in runs if r.seed is not None}, key=float_or)
     out = []
     for b in v["per_budget"]:
@@ -273,9 +272,9 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
 
 
 def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | None = None,
-                    budgets: list[float] | None = None) -> dict | None:
+                    at_budgets: list[float] | None = None) -> dict | None:
     """The section's data, or None when the runs have no budget axis and size axis. The
-    optimum and the next grid are worked out at the measured budgets, or at ``budgets``;
+    optimum and the next grid are worked out at the measured budgets, or at ``at_budgets``;
     ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`)."""
     reps = reps or sc.BOOTSTRAPS
     sizes, has_budget = axes(runs)
@@ -283,9 +282,8 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
         return None
     by_variant = variants(runs, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
-    measured_budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
-    found = {label: analyse(cells, sorted(budgets or measured_budgets), reps) for label, cells in all_cells.items()}
-    budgets = measured_budgets
+    budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
+    found = {label: analyse(cells, sorted(at_budgets or budgets), reps) for label, cells in all_cells.items()}
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
     held = [h for label, cells in all_cells.items() if (h := holdout(label, cells, budgets, reps)) is not None]
     grids = {label: next_grid(by_variant[label], v, sizes) for label, v in found.items()}

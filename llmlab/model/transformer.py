@@ -112,7 +112,7 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 scale = 1 / math.sqrt(2 * self.spec.model.n_layers) if id(module) in residual else 1.0
-                if id(module.weight) in hidden and self.width_mult != 1.0:
+                if id(module.weight) in hidden:
                     scale /= math.sqrt(self.width_mult)
                 nn.init.normal_(module.weight, mean=0.0, std=std * scale)
                 if getattr(module, "bias", None) is not None:
