@@ -44,6 +44,8 @@ def test_report_never_resolves_what_a_run_directory_says(trained, tmp_path):  # 
     ("overrides-syntax", "overrides.yaml is not readable YAML"),
     ("summary", "val_loss is 'low', not a number"),
     ("summary-list", "summary.json holds a JSON list, not an object"),
+    ("summary-size", "params_non_embedding is 'lots', not a number"),  # the scaling fit's N
+    ("summary-tokens", "tokens is -5; it must be > 0"),  # and its D
 ])
 def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, fragment):  # noqa: F811
     root, _ = trained
@@ -56,6 +58,10 @@ def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, f
         (run / ".hydra" / "overrides.yaml").write_text("- [unclosed\n")
     elif bad == "summary":
         (run / "summary.json").write_text(json.dumps({**summary, "val_loss": "low"}))
+    elif bad == "summary-size":
+        (run / "summary.json").write_text(json.dumps({**summary, "params_non_embedding": "lots"}))
+    elif bad == "summary-tokens":
+        (run / "summary.json").write_text(json.dumps({**summary, "tokens": -5}))
     else:
         (run / "summary.json").write_text("[1, 2]")
     one_line_error(run_cli("report", str(run), cwd=tmp_path), 1, fragment)

@@ -121,7 +121,8 @@ def read_overrides(path: Path) -> list[str]:
 # summary.json values the report computes with; anything else there is only shown
 NUMERIC_SUMMARY = ("val_loss", "tokens_per_s", "decode_tokens_per_s", "mfu", "params", "flops_per_token",
                    "kv_cache_bytes_per_token", "tokens_per_s_spread", "tokens_per_s_other_load",
-                   "decode_tokens_per_s_spread", "decode_tokens_per_s_other_load")
+                   "decode_tokens_per_s_spread", "decode_tokens_per_s_other_load", "params_non_embedding", "tokens")
+POSITIVE_SUMMARY = ("params", "params_non_embedding", "flops_per_token", "tokens")  # the scaling fit takes their logs
 
 
 def read_summary(path: Path) -> dict | None:
@@ -140,6 +141,8 @@ def read_summary(path: Path) -> dict | None:
         value = summary.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise UserError(f"runs: {f}: {key} is {value!r}, not a number")
+        if key in POSITIVE_SUMMARY and value is not None and not value > 0:
+            raise UserError(f"runs: {f}: {key} is {value!r}; it must be > 0")
     return summary
 
 
