@@ -118,7 +118,8 @@ class Trainer:
         dist = self.dist
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
         console.out.print(f"device {self.device} ({self.precision}){parallel}; {self.tokens_per_step:,} tokens/step, "
-                          f"{self.steps} steps = {self.tokens_per_step * self.steps / 1e6:.2f}M tokens = "
+                          f"{self.steps} steps (warm-up {self.schedule.warmup}) = "
+                          f"{self.tokens_per_step * self.steps / 1e6:.2f}M tokens = "
                           f"{self.tokens_per_step * self.steps * self.card['flops_per_token']:.3g} FLOPs; MFU peak "
                           f"{self.peak / 1e12:.2f} TFLOP/s ({self.peak_source}); run id {self.run_id}")
 
