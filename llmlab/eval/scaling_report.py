@@ -16,7 +16,7 @@ import numpy as np
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval import scaling as sc
 from llmlab.eval.runs import Run
-from llmlab.names import parse_flops
+from llmlab.names import compact_override, parse_flops
 
 BUDGET_KEY = "train.max_flops"
 LR_KEY = "optim.lr"
@@ -264,7 +264,7 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
                 grid = sorted(sorted((unit * k for k in range(1, 4 * points)),
                                      key=lambda x: abs(math.log(x / centre)))[:points])
         text = ",".join(f"{g:g}" for g in grid)
-        words = ["llmlab", "train", "-m", *common, f"{key}={text}", f"{BUDGET_KEY}={b['budget']:g}"]
+        words = ["llmlab", "train", "-m", *common, f"{key}={text}", compact_override(f"{BUDGET_KEY}={b['budget']!r}")]
         words += [f"seed={','.join(seeds)}"] if seeds else []
         out.append({"budget": b["budget"], "n_opt": b["n_opt"], "size_key": key, "centre": centre, "sizes": grid,
                     "command": " ".join(shlex.quote(w) for w in words)})

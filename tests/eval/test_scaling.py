@@ -288,8 +288,9 @@ def test_the_next_grid_centres_a_known_optimum(tmp_path, few_replicates):
         assert low < mid < high and all(s % 32 == 0 for s in g["sizes"])  # the runs' common step
         assert abs(mid - d_star[g["budget"]]) <= 16, (g, d_star)  # the middle size is the optimum, to the step
         assert math.isclose(low * high, mid * mid, rel_tol=0.3)  # spaced evenly in log size
+        budget = {1e14: "1e14", 3e14: "3e14", 1e15: "1e15"}[g["budget"]]  # written as the project writes budgets
         assert g["command"] == (f"llmlab train -m model.n_layers=2 model.d_model={low},{mid},{high} "
-                                f"train.max_flops={g['budget']:g} seed=0,1")
+                                f"train.max_flops={budget} seed=0,1")
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.count("llmlab train -m model.n_layers=2 model.d_model=") == len(BUDGETS)
 
