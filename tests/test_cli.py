@@ -494,7 +494,9 @@ def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_pat
     assert first["stopped_by"] == "SIGINT" and first["steps"] < 300
     assert not (tmp_path / "sweep" / "1_seed=1").exists() and not (tmp_path / "sweep" / "report.json").exists()
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # a guard against a hang, not a speed test: two 300-step jobs took over 300 s on 2 cores
+    # shared with a test suite, two trainings and another pytest
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert again.returncode == 0, again.stderr
     assert f"at step {first['steps']}" in again.stdout  # job 0 resumed where it stopped
     for job in ("0_seed=0", "1_seed=1"):
