@@ -114,12 +114,13 @@ def run_analysis(job: EvalConfig, ckpt, model, tokens, device, run_dir: Path) ->
                           f"{attn}, {ckpt.path.name}")
     from rich.table import Table
     table = Table(title=f"attention ({attn}): mean over layers and heads", title_justify="left")
-    for col in ("split", "windows", "entropy (bits)", "support", "normalised support", "diversity (EMD)"):
+    for col in ("split", "windows", "entropy (bits)", "support", "normalised support", "attended share",
+                "diversity (EMD)"):
         table.add_column(col, justify="left" if col == "split" else "right")
     for split, s in result["splits"].items():
         m = s["mean"]
         table.add_row(split, str(s["windows"]), f"{m['entropy_bits']:.3f}", f"{m['support']:.2f}",
-                      f"{m['normalized_support']:.3f}", f"{m['diversity_emd']:.2f}")
+                      f"{m['normalized_support']:.3f}", f"{m['attended_share']:.3f}", f"{m['diversity_emd']:.2f}")
     console.out.print(table)
     console.out.print(f"analysis: {run_dir / 'attention.json'} and {len(result['figures'])} figures in {run_dir}")
 

@@ -4,6 +4,8 @@ Per layer and head, on fixed windows of the train and val splits:
 - entropy H of each query's attention row, in bits;
 - support 2^H, the effective number of keys attended to;
 - normalised support, support over the number of keys the query may see (1 = uniform);
+- attended share: the keys with a non-zero weight over those the query may see (below 1 only
+  where attention is sparse: dsa's top-k);
 - diversity: the mean earth-mover distance between the heads of a layer, on each query's
   attention CDFs (sum over key positions of |CDF_a - CDF_b|), over all head pairs.
 
@@ -27,12 +29,13 @@ HIST_BINS = np.linspace(0.0, 1.0, 41)
 
 def row_stats(weights: torch.Tensor, visible: torch.Tensor) -> dict[str, torch.Tensor]:
     """weights: (B, H, T, Tk) attention rows; visible: (T,) keys each query may see.
-    Returns (B, H, T) entropy in bits, support and normalised support."""
+    Returns (B, H, T) entropy in bits, support, normalised support and attended share."""
     w = weights.double()
     plogp = torch.where(w > 0, w * torch.log2(w.clamp_min(1e-300)), torch.zeros_like(w))
     entropy = -plogp.sum(-1)
     support = torch.exp2(entropy)
-    return {"entropy_bits": entropy, "support": support, "normalized_support": support / visible.double()}
+    return {"entropy_bits": entropy, "support": support, "normalized_support": support / visible.double(),
+            "attended_share": (w > 0).sum(-1) / visible.double()}
 
 
 def head_diversity(weights: torch.Tensor) -> torch.Tensor:
@@ -57,7 +60,8 @@ def collect(model, tokens: np.ndarray, block: int, windows: int, batch: int, dev
         mask = blk.attn.key_mask(positions, positions)
         visible.append(torch.full((block,), block, device=device) if mask is None else mask.sum(-1))
     per_layer: list[dict[str, list[torch.Tensor]]] = [{"entropy_bits": [], "support": [], "normalized_support": [],
-                                                      "emd": [], "emd_normalized": []} for _ in range(L)]
+                                                      "attended_share": [], "emd": [], "emd_normalized": []}
+                                                     for _ in range(L)]
     for window in fixed_window_batches(tokens, block, batch, windows):
         x = window[:, :-1].to(device)
         out = model(x, need_weights=True)
@@ -78,7 +82,8 @@ def summarize(raw: dict) -> dict:
     layers = []
     for layer in raw["layers"]:
         H = layer["support"].shape[1]
-        heads = [{k: float(layer[k][:, h].mean()) for k in ("entropy_bits", "support", "normalized_support")}
+        heads = [{k: float(layer[k][:, h].mean()) for k in ("entropy_bits", "support", "normalized_support",
+                                                              "attended_share")}
                  for h in range(H)]
         layers.append({"heads": heads, "diversity_emd": float(layer["emd"].mean()),
                        "diversity_emd_normalized": float(layer["emd_normalized"].mean())})
@@ -92,6 +97,7 @@ def summarize(raw: dict) -> dict:
         "windows": raw["windows"],
         "mean": {"entropy_bits": float(all_ent.mean()), "support": float(all_support.mean()),
                  "normalized_support": float(all_norm.mean()),
+                 "attended_share": float(torch.cat([la["attended_share"].flatten() for la in raw["layers"]]).mean()),
                  "diversity_emd": float(np.mean([la["diversity_emd"] for la in layers]))},
         "layers": layers,
         "by_length": {"length": (torch.arange(all_support.shape[-1]) + 1).tolist(),

@@ -95,6 +95,40 @@ class LatentCache:
         self.length = min(self.length, length)
 
 
+class IndexedCache:
+    """A sparse kind's cache (dsa): its base attention's cache and, beside it, the indexer's
+    key per position (B, max_len, index_dim)."""
+
+    def __init__(self, base, batch: int, max_len: int, dim: int, device: torch.device, dtype: torch.dtype):
+        self.base = base
+        self.keys = torch.zeros(batch, max_len, dim, device=device, dtype=dtype)
+        self.length = 0
+
+    def append(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new index keys (B, T, dim); return all of them and their positions."""
+        start, end = self.length, self.length + keys.shape[1]
+        if end > self.keys.shape[1]:
+            raise ValueError(f"index cache holds {self.keys.shape[1]} positions; asked for {end}")
+        self.keys[:, start:end] = keys
+        self.length = end
+        return self.keys[:, :end], torch.arange(end, device=keys.device)
+
+    def truncate(self, length: int) -> None:
+        self.base.truncate(length)
+        self.length = min(self.length, length)
+
+
+def cache_tensors(layer) -> list[torch.Tensor]:
+    """The tensors a layer's cache holds, those of a cache inside it included."""
+    out = []
+    for value in vars(layer).values():
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif hasattr(value, "truncate"):
+            out.extend(cache_tensors(value))
+    return out
+
+
 class ModelCache:
     """One cache per layer plus the next position to write."""
 
@@ -109,9 +143,4 @@ class ModelCache:
         self.pos = min(self.pos, length)
 
     def nbytes(self) -> int:
-        total = 0
-        for layer in self.layers:
-            for t in vars(layer).values():
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in cache_tensors(layer))

@@ -182,16 +182,24 @@ class Transformer(nn.Module):
         return [self.lm_head(self.head_input(head(h))) for head in self.mtp]
 
     def aux_losses(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Auxiliary losses that parts computed in the last forward (MoE load balance), under
-        each FFN kind's ``aux_name``: the weighted losses of all layers summed into the
-        training loss, the logged values averaged over layers."""
-        parts = [(blk.ffn.aux_name, blk.ffn.take_aux()) for blk in self.blocks]
-        parts = [(name, p) for name, p in parts if p]
-        if not parts:
-            return {}
-        name, keys = parts[0][0], parts[0][1].keys()
-        return {name: {k: torch.stack([p[k] for _, p in parts]).mean() if k != "weighted"
-                       else torch.stack([p[k] for _, p in parts]).sum() for k in keys}}
+        """Auxiliary losses that parts computed in the last forward (MoE load balance, a sparse
+        attention's indexer KL), under each kind's ``aux_name``: the weighted losses of all
+        layers summed into the training loss, the logged values averaged over layers."""
+        groups: dict[str, list[dict[str, torch.Tensor]]] = {}
+        for blk in self.blocks:
+            for part in (blk.attn, blk.ffn):
+                aux = part.take_aux()
+                if aux:
+                    groups.setdefault(part.aux_name, []).append(aux)
+        return {name: {k: torch.stack([p[k] for p in parts]).sum() if k == "weighted"
+                       else torch.stack([p[k] for p in parts]).mean() for k in parts[0]}
+                for name, parts in groups.items()}
+
+    def at_step(self, step: int) -> None:
+        """Tell the parts which training step is about to run (a sparse attention's dense
+        warm-up ends at a step)."""
+        for blk in self.blocks:
+            blk.attn.at_step(step)
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                   slack: int = 0) -> ModelCache:

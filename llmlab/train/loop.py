@@ -216,6 +216,7 @@ class Trainer:
             task = progress.add_task("train", total=steps, status="", loss="", completed=done)
             for step in range(self.start_step, steps):
                 lr = self._set_lr(step)
+                self.model.at_step(step)
                 step_loss = self._step(window)
                 grad_norm = self._update()
                 self.progress.tokens_seen += self.tokens_per_step
@@ -331,7 +332,8 @@ class Trainer:
                   **{f"perf/{k}": v for k, v in memory_stats(self.device).items()}, **closed["extra"]}
         check_finite(record["train/loss"], done, ckpt)
         self._record(record, history)
-        status = (f"loss {record['train/loss']:.3f}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
+        index_kl = f"  index KL {record['indexer/kl']:.3f}" if "indexer/kl" in record else ""
+        status = (f"loss {record['train/loss']:.3f}{index_kl}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
                   f"{tok_s:,.0f} tok/s  MFU {record['perf/mfu']:.1%}")
         progress.update(task, loss=f"loss {record['train/loss']:.3f}", status=status.split("  ", 1)[1])
         if not console.out.is_terminal:  # a log file gets a line per log step instead of a live bar

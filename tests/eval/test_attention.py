@@ -56,6 +56,10 @@ def test_every_attention_kind_is_analysed(attn):
     ns = raw["layers"][0]["normalized_support"]
     assert (ns > 0).all() and (ns <= 1 + 1e-9).all()
     assert ns[:, :, 0].allclose(torch.ones_like(ns[:, :, 0], dtype=torch.float64))  # the first query sees one key
+    # every visible key has weight, but where a sparse kind picks its top-k (dsa)
+    attended = torch.minimum(visible.double(), torch.tensor(float(attn.get("topk", 16)))) / visible.double()
+    assert torch.allclose(raw["layers"][0]["attended_share"], attended.expand_as(ns))
+    assert summary["mean"]["attended_share"] == pytest.approx(float(attended.mean()))
     assert summary["mean"]["diversity_emd"] >= 0
     assert len(summary["by_length"]["support"]) == 16
 

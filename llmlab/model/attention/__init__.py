@@ -48,10 +48,11 @@ def decode_attention(device: torch.device):
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool,
                    window: int | None = None) -> torch.Tensor | None:
-    """Boolean (Tq, Tk) mask, True where a query may look at a key; None means all."""
+    """Boolean (Tq, Tk) mask, True where a query may look at a key; None means all. Keys picked
+    per sequence (``k_pos`` (B, Tk), as a sparse kind gathers them) give (B, Tq, Tk)."""
     if not causal and window is None:
         return None
-    diff = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk): how far back the key is
+    diff = q_pos[:, None] - k_pos[..., None, :]  # (Tq, Tk) or (B, Tq, Tk): how far back the key is
     if causal:
         allowed = diff >= 0
         return allowed & (diff < window) if window is not None else allowed
@@ -89,14 +90,28 @@ class Attention(nn.Module):
     test_settings: dict = {}
     #: a factor on the scores' 1/sqrt(D) scale (muP sets it; see `Transformer`)
     score_mult: float = 1.0
+    #: the name its auxiliary losses are logged under (``indexer/kl``); None: it has none
+    aux_name: str | None = None
 
     def __init__(self, causal: bool):
         super().__init__()
         self.causal = causal
 
     def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache=None,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                need_weights: bool = False, select=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``select``, from a sparse kind that wraps this one (dsa): called once the cache has
+        its keys, as ``select(tensors, seq_dims, k_pos)`` with this kind's cached tensors and the
+        axis of each that runs over positions; returns them (gathered, or as they were), their
+        positions and a (B, Tq, Tk) mask of the keys each query may see, or None."""
         raise NotImplementedError
+
+    def at_step(self, step: int) -> None:
+        """The training step about to run (a kind whose training has phases reads it)."""
+
+    def take_aux(self) -> dict[str, torch.Tensor]:
+        """Auxiliary losses and metrics of the last forward (``weighted``: added to the loss),
+        logged under ``aux_name``."""
+        return {}
 
     def new_cache(self, batch: int, max_len: int, device, dtype, slack: int = 0):
         """A decode cache for ``max_len`` positions (``slack``: how far it may be rolled back)."""
@@ -126,22 +141,30 @@ class Attention(nn.Module):
         (None: nothing to say). Printed at the start of a run and marked in reports."""
         return None
 
-    def sdpa(self, q, k, v, q_pos, k_pos, need_weights: bool, pos, scale: float | None = None, **kwargs):
+    def sdpa(self, q, k, v, q_pos, k_pos, need_weights: bool, pos, scale: float | None = None,
+             select: torch.Tensor | None = None, **kwargs):
         """Attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D) under this kind's mask
         and the position scheme's score bias, if any: the fused kernels where they can (an
         aligned causal mask as a flag, one new query with no mask at all), the math path with
-        weights where asked."""
+        weights where asked. ``select`` (B, Tq, Tk), from a sparse kind (dsa): the keys each
+        query may see besides; ``k_pos`` (B, Tk) where it gathered keys per sequence."""
         Tq, Tk = q.shape[2], k.shape[2]
         if self.score_mult != 1.0:  # muP: 1/D where the standard parametrization has 1/sqrt(D)
             scale = (scale if scale is not None else 1 / math.sqrt(q.shape[-1])) * self.score_mult
         window = self.window()
         mask = attention_mask(q_pos, k_pos, self.causal, window)
-        bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk) or None
+        if select is not None:
+            mask = select if mask is None else mask & select
+        if mask is not None and mask.dim() == 3:
+            mask = mask[:, None]  # (B, 1, Tq, Tk): the same keys for every head
+        bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk), (B, H, Tq, Tk) or None
         if need_weights:
             return math_attention(q, k, v, mask, scale, bias)
         is_causal = False
         if bias is not None:  # the mask goes into the bias: -inf where a query may not look
             mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+        elif select is not None:
+            pass  # the selection is the mask
         elif self.causal and window is None:
             if Tq == Tk:
                 is_causal, mask = True, None  # aligned square mask: the fused kernels take it as a flag
@@ -191,14 +214,17 @@ class GroupedQueryAttention(Attention):
 
     # -- forward: project, rotate, (cache), attend, merge --------------------------------
     def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache: KVCache | None = None,
-                need_weights: bool = False):
+                need_weights: bool = False, select=None):
         B, T, _ = x.shape
         q, k, v = self.project(x)
         q, k = self.rotate(q, k, pos)
         k_pos = positions
         if cache is not None:
             k, v, k_pos = cache.append(k, v)  # (B, Hkv, Tk, Dh)
-        y, weights = self.attend(q, k, v, positions, k_pos, need_weights, pos)
+        mask = None
+        if select is not None:  # a sparse kind's pick of keys (see `Attention.forward`)
+            (k, v), k_pos, mask = select((k, v), (2, 2), k_pos)
+        y, weights = self.attend(q, k, v, positions, k_pos, need_weights, pos, mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(y), weights
 
@@ -215,7 +241,7 @@ class GroupedQueryAttention(Attention):
         """Position into q and k (before they are cached)."""
         return pos.rotate(q), pos.rotate(k)
 
-    def attend(self, q, k, v, q_pos, k_pos, need_weights: bool, pos):
+    def attend(self, q, k, v, q_pos, k_pos, need_weights: bool, pos, select: torch.Tensor | None = None):
         """q (B, H, Tq, Dh) over k, v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), weights or None."""
         kwargs = {}
         if self.kv_heads != self.n_heads:
@@ -224,7 +250,7 @@ class GroupedQueryAttention(Attention):
             else:
                 group = self.n_heads // self.kv_heads
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        return self.sdpa(q, k, v, q_pos, k_pos, need_weights, pos, **kwargs)
+        return self.sdpa(q, k, v, q_pos, k_pos, need_weights, pos, select=select, **kwargs)
 
 
 @ATTENTION.register("gqa")

@@ -66,7 +66,7 @@ class MultiHeadLatentAttention(Attention):
         return w[:, :self.cfg.nope_dim], w[:, self.cfg.nope_dim:]
 
     def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache: LatentCache | None = None,
-                need_weights: bool = False):
+                need_weights: bool = False, select=None):
         B, T, _ = x.shape
         H, c = self.n_heads, self.cfg
         q = self.q_up(self.q_norm(self.q_down(x))) if c.q_rank else self.q_proj(x)
@@ -79,6 +79,9 @@ class MultiHeadLatentAttention(Attention):
         k_pos = positions
         if cache is not None:
             latent, k_rope, k_pos = cache.append(latent, k_rope)
+        mask = None
+        if select is not None:  # a sparse kind's pick of keys (see `Attention.forward`)
+            (latent, k_rope), k_pos, mask = select((latent, k_rope), (1, 2), k_pos)
         scale = 1 / math.sqrt(self.qk_dim)
         Tk = latent.shape[1]
         if cache is not None and c.absorb and not need_weights:
@@ -87,12 +90,13 @@ class MultiHeadLatentAttention(Attention):
             qa = torch.cat([q_lat, q_rope], dim=-1)  # (B, H, T, kv_rank + rope)
             ka = torch.cat([latent[:, None], k_rope], dim=-1).expand(B, H, Tk, c.kv_rank + c.rope_dim)
             va = latent[:, None].expand(B, H, Tk, c.kv_rank)
-            o_lat, weights = self.sdpa(qa, ka, va, positions, k_pos, False, pos, scale)
+            o_lat, weights = self.sdpa(qa, ka, va, positions, k_pos, False, pos, scale, mask)
             y = torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)  # W_UV folded into the output
         else:
             kv = self.kv_up(latent).view(B, Tk, H, c.nope_dim + c.v_dim).transpose(1, 2)
             k_nope, v = kv.split([c.nope_dim, c.v_dim], dim=-1)
             k = torch.cat([k_nope, k_rope.expand(B, H, Tk, c.rope_dim)], dim=-1)
-            y, weights = self.sdpa(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, k_pos, need_weights, pos, scale)
+            y, weights = self.sdpa(torch.cat([q_nope, q_rope], dim=-1), k, v, positions, k_pos, need_weights, pos, scale,
+                                   mask)
         y = y.transpose(1, 2).reshape(B, T, H * c.v_dim)
         return self.o_proj(y), weights

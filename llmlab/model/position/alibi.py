@@ -30,8 +30,8 @@ class LinearBiases(PositionView):
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, heads: int) -> torch.Tensor:
         slopes = torch.tensor(alibi_slopes(heads, self.exponent), device=q_pos.device)  # (H,)
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Tq, Tk)
-        return -slopes[:, None, None] * distance  # (H, Tq, Tk)
+        distance = (q_pos[:, None] - k_pos[..., None, :]).abs().float()  # (Tq, Tk), or (B, Tq, Tk) for keys gathered
+        return -slopes[:, None, None] * distance[..., None, :, :]  # (H, Tq, Tk) or (B, H, Tq, Tk)
 
 
 @POSITION.register("alibi")
