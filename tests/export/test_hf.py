@@ -77,6 +77,7 @@ def test_exported_model_scores_like_llmlab(tmp_path, case):
 REFUSED = {
     "post-norm": (["model=llama", "norm=post"], "norm.placement=post"),
     "mla": (["model=mla"], "MLA"),
+    "dsa": (["model=llama", "model/attention=dsa", "attention.base=gqa", "attention.topk=8"], "attention=dsa"),
     "short window": (["model=llama", "model/attention=swa", "attention.window=8"], "sliding window of 8"),
     "moe": (["model=llama", "model/ffn=moe"], "mixture of experts"),
     "mlm": (["model=bert"], "objective=mlm"),

@@ -7,6 +7,7 @@ import torch
 
 from llmlab.errors import ConfigError
 from llmlab.model.attention import ATTENTION
+from llmlab.model.attention.dsa import top_keys
 from llmlab.model.transformer import Transformer
 from tests.conftest import test_config, tiny_model, tiny_spec
 
@@ -68,6 +69,22 @@ def test_each_query_attends_to_its_top_k_keys_by_the_index(k):
         lowest_kept = ranked.masked_fill(~attended[:, 0, t, : t + 1], float("inf")).min(-1).values
         highest_dropped = ranked.masked_fill(attended[:, 0, t, : t + 1], float("-inf")).max(-1).values
         assert (lowest_kept >= highest_dropped).all()
+
+
+def test_top_keys_is_an_exact_order_with_the_earlier_key_first_on_ties():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(-3, 4, (2, 5, 40), generator=g).float() / 4  # many exact ties
+    scores[0, 0, :7] = 0.0
+    scores[1, 2, 5:9] = float("-inf")
+    scores[1, 3, 0] = -0.0
+    positions = torch.arange(40)
+    for k in (1, 5, 17, 40):
+        got = top_keys(scores, positions, k)
+        for b in range(2):
+            for t in range(5):
+                row = scores[b, t].tolist()
+                want = sorted(range(40), key=lambda i: (-row[i], i))[:k]
+                assert sorted(got[b, t].tolist()) == sorted(want), (b, t, k)
 
 
 def test_language_model_loss_never_trains_the_indexer_and_the_kl_never_trains_the_model():

@@ -38,8 +38,21 @@ class LightningIndexer(nn.Module):
 
     def scores(self, q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """(B, T, Tk) index scores of the queries over the keys k (B, Tk, dim)."""
-        dots = torch.einsum("bhtd,bsd->bhts", q.float(), k.float()).relu_()
+        dots = (q.float() @ k.float()[:, None].transpose(-2, -1)).relu_()  # (B, heads, T, Tk)
         return torch.einsum("bhts,bth->bts", dots, w.float()) / (self.dim * self.heads) ** 0.5
+
+
+def top_keys(scores: torch.Tensor, k_pos: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the ``k`` highest ``scores`` (B, T, Tk, float32) per query; of equal
+    scores the earlier key first. An exact order, so a decode step (one query over the cached
+    keys) picks the set the whole sequence's pass picks; ReLU makes exact ties common (zeros).
+
+    Each score's float32 bits, mapped to an integer in the floats' order, make the high part of
+    an int64 key, and the position (below 2^24) the low part."""
+    bits = (scores.float() + 0.0).contiguous().view(torch.int32)  # + 0.0: -0.0 becomes 0.0, an equal score
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # monotone in the score
+    key = ordered * 2 ** 24 + (2 ** 24 - 1 - k_pos.to(torch.int64))
+    return key.topk(k, dim=-1, sorted=False).indices
 
 
 def gather_positions(t: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
@@ -54,8 +67,8 @@ class DeepSeekSparseAttention(Attention):
     """DeepSeek Sparse Attention (DeepSeek-AI 2025, DeepSeek-V3.2, section 2).
 
     Each query attends, under the ``base`` attention, to the ``topk`` earlier keys that the
-    lightning indexer scores highest (to all of them while there are fewer). Keys are ranked by
-    a stable sort, so equal scores go to the earlier key in every pass alike.
+    lightning indexer scores highest (to all of them while there are fewer); of equal scores
+    the earlier key goes first, in every pass alike (`top_keys`).
 
     Training follows the paper's two stages. For ``dense_warmup`` steps attention is dense and
     the indexer learns to match the main attention's distribution over the keys (summed over
@@ -69,6 +82,7 @@ class DeepSeekSparseAttention(Attention):
     """
 
     aux_name = "indexer"
+    context_parallel = False  # the indexer ranks every earlier key, which a slice does not hold
     test_settings = {"topk": 4, "index_heads": 2, "index_dim": 8, "q_rank": 12, "kv_rank": 16, "rope_dim": 4,
                      "nope_dim": 8, "v_dim": 8}
 
@@ -143,7 +157,7 @@ class DeepSeekSparseAttention(Attention):
         Tk, top = k.shape[1], self.cfg.topk
         chosen = gathered = None
         if not dense and top < Tk:
-            order = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[..., :top]  # (B, T, k)
+            order = top_keys(scores.detach(), k_pos, top)  # (B, T, k)
             if T == 1 and not (need_weights or learn):
                 gathered = order[:, 0].sort(dim=-1).values  # decoding: attend to the k keys alone
             else:
