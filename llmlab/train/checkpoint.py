@@ -149,9 +149,32 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         return p
     for root in (p / "checkpoints", p):
         found = list_checkpoints(root)
+        damaged = damaged_checkpoints(root)
         if found:
+            last = int(STEP_DIR.match(found[-1].name).group(1))
+            for step, q, why in damaged:
+                if step > last:  # a newer checkpoint is not passed over without a word
+                    from llmlab import console
+                    console.err.print(f"ckpt: passing over {q}, which is not a complete checkpoint ({why}); "
+                                      f"using {found[-1]}", style="yellow")
             return found[-1]
+        if damaged:
+            _, q, why = damaged[-1]
+            raise UserError(f"ckpt: {p} has no complete checkpoint: the latest, {q}, is not complete ({why})")
     raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
+
+
+def damaged_checkpoints(ckpt_root: Path) -> list[tuple[int, Path, str]]:
+    """(step, path, what is wrong) of each checkpoint directory under ``ckpt_root`` that is not
+    complete, oldest first."""
+    if not Path(ckpt_root).is_dir():
+        return []
+    out = []
+    for q in Path(ckpt_root).iterdir():
+        m = STEP_DIR.match(q.name)
+        if q.is_dir() and m and (why := completeness(q)) is not None:
+            out.append((int(m.group(1)), q, why))
+    return sorted(out)
 
 
 def latest_in_run(run_dir: Path) -> Path | None:

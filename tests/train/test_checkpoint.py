@@ -1,5 +1,7 @@
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,6 +49,24 @@ def test_run_dir_resolves_to_the_latest(saved):
     _, run, paths = saved
     assert resolve_checkpoint(run) == paths[-1]
     assert resolve_checkpoint(run / "checkpoints") == paths[-1]
+
+
+def test_a_damaged_latest_checkpoint_is_named_not_passed_over_in_silence(saved, tmp_path, capsys):
+    """A run directory whose newest checkpoint is damaged resolves to the newest complete one,
+    with a line naming the damaged one; with none complete, one error names the latest."""
+    import shutil
+
+    _, run, paths = saved
+    run = Path(shutil.copytree(run, tmp_path / "copy"))
+    latest, older = run / "checkpoints" / paths[-1].name, run / "checkpoints" / paths[-2].name
+    (latest / "model.json").write_text("{}")
+    assert resolve_checkpoint(run) == older
+    err = capsys.readouterr().err
+    assert f"passing over {latest}" in err and "model.json is truncated or corrupt" in err
+    (older / "model.safetensors").unlink()
+    with pytest.raises(UserError, match=rf"^ckpt: {run} has no complete checkpoint: the latest, {latest}, is not "
+                                        r"complete \(model.json is truncated or corrupt"):
+        resolve_checkpoint(run)
 
 
 def test_missing_path_is_a_user_error(tmp_path):
