@@ -44,6 +44,7 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.long_line
 	$(PYTHON) -m bench.attention
 	$(PYTHON) -m bench.sparse_attention
+	$(PYTHON) -m bench.context_parallel
 	$(PYTHON) -m bench.train_default
 	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"
 	$(PYTHON) -m bench.speculative

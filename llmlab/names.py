@@ -66,7 +66,7 @@ def parse_flops(value: Any, key: str) -> float:
 # of the run id, so a run can be resumed with another log interval, device or time budget.
 RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
 RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
-                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss"}
+                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss", "context_parallel"}
 
 
 # Settings added after runs existed: at these values a run trains what it trained before they

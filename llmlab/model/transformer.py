@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmlab.model import ring
 from llmlab.model.cache import ModelCache
 from llmlab.model.config import ATTENTION, BLOCK, FFN, NORM, OBJECTIVE, POSITION, ModelSpec, NormConfig
 from llmlab.model.ffn import round_up
@@ -132,6 +133,9 @@ class Transformer(nn.Module):
         and ``out.logits`` is None."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
+        shard = ring.active()
+        if shard is not None:  # train.context_parallel: idx is this rank's slice of each sequence
+            start = shard.rank * T
         self.pos.check_end(start + T)
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.pos.embed(self.embed(idx), positions)  # (B, T, d)

@@ -27,6 +27,8 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     fsdp: bool = False
+    context: int = 1  # train.context_parallel: consecutive ranks that share each sequence
+    context_group: Any = None  # this rank's group of them (a process group), when context > 1
 
     @property
     def enabled(self) -> bool:
@@ -36,6 +38,21 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def data_rank(self) -> int:
+        """Which slice of the global batch this rank's sequences are (ranks sharing a sequence share it)."""
+        return self.rank // self.context
+
+    @property
+    def data_world(self) -> int:
+        """How many slices the global batch is split into."""
+        return self.world_size // self.context
+
+    @property
+    def context_rank(self) -> int:
+        """Which slice of each sequence this rank holds."""
+        return self.rank % self.context
+
 
 def world_from_env() -> Dist:
     """Rank and world size as torchrun (or SLURM's srun with the usual variables) sets them."""
@@ -43,11 +60,18 @@ def world_from_env() -> Dist:
                 world_size=int(os.environ.get("WORLD_SIZE", 1)))
 
 
-def init_distributed(device: torch.device, fsdp: bool) -> tuple[Dist, torch.device]:
+def init_distributed(device: torch.device, fsdp: bool, context: int = 1) -> tuple[Dist, torch.device]:
     """Join the process group torchrun describes: NCCL on CUDA, gloo elsewhere. Each rank
-    takes the CUDA device of its local rank."""
+    takes the CUDA device of its local rank. ``context`` (train.context_parallel): groups of
+    that many consecutive ranks share each sequence; the groups split the batch."""
     dist = world_from_env()
     dist.fsdp = fsdp and dist.enabled
+    if context > 1 and dist.world_size % context:
+        how = (f"it runs in one process; start {context} (or a multiple) with torchrun --nproc_per_node={context}"
+               if not dist.enabled else f"torchrun started {dist.world_size} ranks")
+        raise ConfigError(f"train.context_parallel: {context} ranks share each sequence, so the ranks must be a "
+                          f"multiple of {context}; {how}")
+    dist.context = context
     if not dist.enabled:
         return dist, device
     if device.type == "mps":
@@ -64,6 +88,11 @@ def init_distributed(device: torch.device, fsdp: bool) -> tuple[Dist, torch.devi
         if device.type == "cuda":
             kwargs["device_id"] = device  # binds NCCL to this GPU at once
         tdist.init_process_group(backend=backend, **kwargs)
+    if context > 1:  # every rank makes every group, in the same order
+        for first in range(0, dist.world_size, context):
+            group = tdist.new_group(list(range(first, first + context)))
+            if first == dist.rank - dist.context_rank:
+                dist.context_group = group
     return dist, device
 
 

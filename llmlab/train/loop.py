@@ -10,6 +10,7 @@ checks that belong to each of its steps, the step, and the writers of records an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import replace
@@ -24,6 +25,7 @@ from llmlab.data.batches import RandomWindows, check_length
 from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError
 from llmlab.files import RunLock, atomic_write_text, disk_error
+from llmlab.model import ring
 from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import decode_setting, decode_speed
 from llmlab.train import resume
@@ -84,7 +86,7 @@ class Trainer:
         self.t_begin = time.perf_counter()  # wall time includes data preparation and model build
         self.job, self.in_sweep = job, in_sweep
         self.loop = loop = job.loop
-        self.dist, self.device = init_distributed(resolve_device(job.device), loop.fsdp)
+        self.dist, self.device = init_distributed(resolve_device(job.device), loop.fsdp, loop.context_parallel)
         console.out.quiet = console.out.quiet or not self.dist.is_main  # one rank speaks
         self.run_id = job.run_id
         self._claim_run_dir(run_dir)
@@ -117,6 +119,9 @@ class Trainer:
                                    self.bytes_per_token_val, job.seed, self.device)
         dist = self.dist
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
+        if dist.context > 1:
+            parallel += (f", each sequence split across {dist.context} of them (ring attention, "
+                         f"{self.seq_len // dist.context} positions each)")
         console.out.print(f"device {self.device} ({self.precision}){parallel}; {self.tokens_per_step:,} tokens/step, "
                           f"{self.steps} steps (warm-up {self.schedule.warmup}) = "
                           f"{self.tokens_per_step * self.steps / 1e6:.2f}M tokens = "
@@ -152,9 +157,11 @@ class Trainer:
         self.train_tokens, self.val_tokens = prepared.tokens("train"), prepared.tokens("val")
         self._token_counts = None  # counted at the first save
         check_length(self.val_tokens, seq_len, "val")
-        self.tokens_per_step = loop.batch_size * job.grad_accum * seq_len * dist.world_size
-        self.sampler = RandomWindows(self.train_tokens, seq_len, loop.batch_size, job.seed, dist.rank, dist.world_size)
-        self.random = RankRandom(job.seed, dist.rank)
+        # ranks that share a sequence (train.context_parallel) read the same windows and masks
+        self.tokens_per_step = loop.batch_size * job.grad_accum * seq_len * dist.data_world
+        self.sampler = RandomWindows(self.train_tokens, seq_len, loop.batch_size, job.seed, dist.data_rank,
+                                     dist.data_world)
+        self.random = RankRandom(job.seed, dist.data_rank)
         self.tokenizer = prepared.tokenizer()
         self.bytes_per_token_val = prepared.bytes_per_token("val")
 
@@ -275,9 +282,10 @@ class Trainer:
             batch = (distiller.next_window(self.sampler.next_window, self.amp) if distiller is not None
                      else self.sampler.next_window())
             x, y = model.objective.make_batch(batch, model.vocab_size, self.random.mask)
+            x, y = self._my_slice(x), self._my_slice(y)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with gradient_sync(self.wrapped, self.dist, sync=micro == accum - 1):
-                with self.amp:
+                with self.amp, self._sharded():
                     # the distiller reads the logits; otherwise the loss need not keep them
                     out = self.step_model(x, y, logits=distiller is not None, head_loss=loop.head_loss)
                     loss = out.loss
@@ -290,6 +298,18 @@ class Trainer:
             window.add(out.metrics)
         window.stepped()
         return out.metrics["loss/main"].detach()
+
+    def _my_slice(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous slice of each sequence (train.context_parallel), else all of it."""
+        dist = self.dist
+        if dist.context == 1:
+            return t
+        size = t.shape[1] // dist.context
+        return t[:, dist.context_rank * size:(dist.context_rank + 1) * size]
+
+    def _sharded(self):
+        """The forward's context: ring attention over the ranks that share the sequence."""
+        return ring.sharded(self.dist.context_group) if self.dist.context > 1 else contextlib.nullcontext()
 
     def _update(self) -> torch.Tensor:
         """Clip, step, zero: the optimizer step of one training step; returns the grad norm."""
@@ -382,6 +402,7 @@ class Trainer:
             "wall_s": round(time.perf_counter() - self.t_begin, 2),
             "device": str(self.device), "precision": self.precision, "world_size": self.dist.world_size,
             "parallel": ("fsdp" if self.dist.fsdp else "ddp") if self.dist.enabled else None,
+            "context_parallel": self.dist.context,
             "checkpoint": str(ckpt_path) if ckpt_path else None, "data": str(self.prepared.path), **card,
         }
         if self.dist.is_main:

@@ -5,6 +5,7 @@ import it."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -46,6 +47,7 @@ class LoopConfig(Checked):
     max_steps: int | None = bounded(None, above=0)  # stop at this step and save a checkpoint; the schedule still spans steps (resume later)
     max_time: float | None = bounded(None, at_least=0)  # seconds; stop and save a checkpoint once training has run this long
     fsdp: bool = False  # under torchrun: FSDP2 (shard params, grads, optimizer state) instead of DDP
+    context_parallel: int = bounded(1, at_least=1)  # under torchrun: ranks that share each sequence (ring attention); data parallel over the rest
     head_loss: str = choice("auto", HEAD_LOSS)  # fused: LM head + cross-entropy in chunks, no logits kept; auto: fused where a micro-batch has >= 4M logits, not in fp16
 
     def check(self, prefix: str) -> None:
@@ -187,6 +189,36 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     from llmlab.model.transformer import check_sizes
 
     check_sizes(spec)
+    if loop.context_parallel > 1:
+        check_context_parallel(loop, spec, distill)
     return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
                     data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
                     distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg)
+
+
+def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillConfig) -> None:
+    """What ``train.context_parallel`` can split: one line naming the first setting it cannot
+    train with."""
+    from llmlab.model.config import ATTENTION
+
+    n, key = loop.context_parallel, "train.context_parallel"
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun's; 1 in a plain process
+    if world % n:
+        how = (f"it runs in one process; start {n} (or a multiple) with torchrun --nproc_per_node={n}" if world == 1
+               else f"torchrun started {world} ranks")
+        raise ConfigError(f"{key}: {n} ranks share each sequence, so the ranks must be a multiple of {n}; {how}")
+    if spec.model.max_seq_len % n:
+        raise ConfigError(f"{key}: model.max_seq_len={spec.model.max_seq_len} is not divisible by {n} ranks; "
+                          f"each rank holds an equal slice of the sequence")
+    supported = [name for name in ATTENTION.names() if ATTENTION.get(name).context_parallel]
+    if spec.attention.kind not in supported:
+        raise ConfigError(f"{key}: model/attention={spec.attention.kind} cannot split its sequence across ranks; "
+                          f"allowed: {', '.join(supported)}")
+    refused = [(spec.pos.kind == "alibi", "pos=alibi (its score bias is not split)"),
+               (spec.model.mtp_heads > 0, "model.mtp_heads (their targets cross the slices)"),
+               (bool(distill.teacher), "distill.teacher (the teacher reads whole sequences)"),
+               (loop.fsdp, "train.fsdp (context parallel runs with DDP)"),
+               (loop.compile, "train.compile (the ring's messages break the graph)")]
+    for bad, what in refused:
+        if bad:
+            raise ConfigError(f"{key}: {n} cannot be combined with {what}; set {key}=1 or change it")

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmlab.errors import ConfigError
+from llmlab.model import ring
 from llmlab.model.cache import KVCache, RollingKVCache
+from llmlab.model.ring import ring_attention
 from llmlab.model.config import ATTENTION
 
 # `enable_gqa` lets SDPA broadcast shared KV heads without copying them (torch >= 2.5).
@@ -92,6 +94,9 @@ class Attention(nn.Module):
     score_mult: float = 1.0
     #: the name its auxiliary losses are logged under (``indexer/kl``); None: it has none
     aux_name: str | None = None
+    #: trains with the sequence split across ranks (``train.context_parallel``): its training
+    #: forward attends through `sdpa` with no mask but the causal one
+    context_parallel: bool = True
 
     def __init__(self, causal: bool):
         super().__init__()
@@ -151,6 +156,9 @@ class Attention(nn.Module):
         Tq, Tk = q.shape[2], k.shape[2]
         if self.score_mult != 1.0:  # muP: 1/D where the standard parametrization has 1/sqrt(D)
             scale = (scale if scale is not None else 1 / math.sqrt(q.shape[-1])) * self.score_mult
+        shard = ring.active()
+        if shard is not None:  # train.context_parallel: this rank's slice of queries, keys and values
+            return ring_attention(q, k, v, shard.group, scale, self.causal), None
         window = self.window()
         mask = attention_mask(q_pos, k_pos, self.causal, window)
         if select is not None:
@@ -284,6 +292,7 @@ class SlidingWindowAttention(GroupedQueryAttention):
     decode cache is a rolling buffer of ``window`` positions, so its memory stays bounded."""
 
     test_settings = {"window": 5, "kv_heads": 2}
+    context_parallel = False  # a window across slices is not written yet
 
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
