@@ -475,10 +475,10 @@ def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_pat
     from tests.conftest import REPO, SAMPLE_TEXTS
     (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
     env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
-    # steps of a few ms, so that the signal lands well inside job 0
+    # steps of tens of ms, so that the signal (after 3 logged steps) lands well inside job 0's 60
     model = ["model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=64", "train.batch_size=8"]
     cmd = [sys.executable, "-m", "llmlab", "train", "-m", "seed=0,1", "data=text", f"data.paths={tmp_path}/c.txt",
-           *model, *TINY[4:], "train.steps=300", "train.ckpt_every=0", "train.eval_every=0", "hydra.sweep.dir=sweep"]
+           *model, *TINY[4:], "train.steps=60", "train.ckpt_every=0", "train.eval_every=0", "hydra.sweep.dir=sweep"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "sweep" / "0_seed=0" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -491,17 +491,17 @@ def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_pat
     assert "To continue, run the same sweep command" in out
     assert "sweep stopped by SIGINT: the jobs after job 0 were not started" in out
     first = json.loads((tmp_path / "sweep" / "0_seed=0" / "summary.json").read_text())
-    assert first["stopped_by"] == "SIGINT" and first["steps"] < 300
+    assert first["stopped_by"] == "SIGINT" and first["steps"] < 60
     assert not (tmp_path / "sweep" / "1_seed=1").exists() and not (tmp_path / "sweep" / "report.json").exists()
 
-    # a guard against a hang, not a speed test: two 300-step jobs took over 300 s on 2 cores
-    # shared with a test suite, two trainings and another pytest
+    # a guard against a hang, not a speed test: two 300-step jobs once took over 300 s on 2
+    # cores shared with a test suite, two trainings and another pytest
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert again.returncode == 0, again.stderr
     assert f"at step {first['steps']}" in again.stdout  # job 0 resumed where it stopped
     for job in ("0_seed=0", "1_seed=1"):
         summary = json.loads((tmp_path / "sweep" / job / "summary.json").read_text())
-        assert summary["steps"] == 300 and summary["stopped_by"] is None
+        assert summary["steps"] == 60 and summary["stopped_by"] is None
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert [g["seeds"] for g in report["groups"]] == [2]
 

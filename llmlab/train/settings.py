@@ -199,14 +199,9 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
 def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillConfig) -> None:
     """What ``train.context_parallel`` can split: one line naming the first setting it cannot
     train with."""
-    from llmlab.model.config import ATTENTION
+    from llmlab.model.config import ATTENTION, POSITION
 
     n, key = loop.context_parallel, "train.context_parallel"
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun's; 1 in a plain process
-    if world % n:
-        how = (f"it runs in one process; start {n} (or a multiple) with torchrun --nproc_per_node={n}" if world == 1
-               else f"torchrun started {world} ranks")
-        raise ConfigError(f"{key}: {n} ranks share each sequence, so the ranks must be a multiple of {n}; {how}")
     if spec.model.max_seq_len % n:
         raise ConfigError(f"{key}: model.max_seq_len={spec.model.max_seq_len} is not divisible by {n} ranks; "
                           f"each rank holds an equal slice of the sequence")
@@ -214,7 +209,7 @@ def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillCo
     if spec.attention.kind not in supported:
         raise ConfigError(f"{key}: model/attention={spec.attention.kind} cannot split its sequence across ranks; "
                           f"allowed: {', '.join(supported)}")
-    refused = [(spec.pos.kind == "alibi", "pos=alibi (its score bias is not split)"),
+    refused = [(not POSITION.get(spec.pos.kind).context_parallel, f"pos={spec.pos.kind} (its score bias is not split)"),
                (spec.model.mtp_heads > 0, "model.mtp_heads (their targets cross the slices)"),
                (bool(distill.teacher), "distill.teacher (the teacher reads whole sequences)"),
                (loop.fsdp, "train.fsdp (context parallel runs with DDP)"),
@@ -222,3 +217,8 @@ def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillCo
     for bad, what in refused:
         if bad:
             raise ConfigError(f"{key}: {n} cannot be combined with {what}; set {key}=1 or change it")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun's; 1 in a plain process
+    if world % n:
+        how = (f"it runs in one process; start {n} (or a multiple) with torchrun --nproc_per_node={n}" if world == 1
+               else f"torchrun started {world} ranks")
+        raise ConfigError(f"{key}: {n} ranks share each sequence, so the ranks must be a multiple of {n}; {how}")

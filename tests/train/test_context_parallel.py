@@ -1,6 +1,8 @@
 """Context parallel training (``train.context_parallel``) under torchrun, on the CPU with gloo:
 ranks that share each sequence through ring attention follow the one-process loss curve, alone
-and beside data parallelism, across a resume; what it cannot split is one line naming the key."""
+and beside data parallelism, across a resume (in the slow tier: tests/train/test_distributed.py
+runs 2 ranks sharing each sequence in every `make test`); what it cannot split is one line
+naming the key."""
 
 import json
 import os
@@ -73,6 +75,7 @@ def run_and_resume(ranks: int, args: list[str], tmp_path: Path) -> tuple[str, di
     return first.stdout, got
 
 
+@pytest.mark.slow
 def test_context_and_data_parallel_follow_the_one_process_curve_across_a_resume(one_process, tmp_path):
     """4 ranks: two groups of two share each sequence (16 of the 32 positions each), and the
     groups split the batch (2 + 2 windows). The loss at each of 20 steps agrees with one

@@ -1,5 +1,6 @@
-"""Data parallel training under torchrun, on the CPU with gloo: two processes with half the
-batch each follow the one-process loss curve, with DDP and with FSDP2, across a resume."""
+"""Training under torchrun, on the CPU with gloo: two processes follow the one-process loss
+curve across a resume, each with half the batch (DDP, FSDP2) or with half of every sequence
+(train.context_parallel=2, ring attention)."""
 
 import json
 import os
@@ -46,19 +47,27 @@ def one_process(tmp_path_factory) -> dict[int, float]:
     return losses(tmp / "run")
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-def test_two_ranks_follow_the_one_process_curve_across_a_resume(one_process, tmp_path, fsdp):
-    """Same global batch (2 ranks x 2 windows = 1 process x 4): the loss at each of the first
-    10 steps agrees within 1e-5, though the ranks fuse the head and loss and the one process
-    does not. The run stops at step 5 (train.max_steps) and a second
-    launch of the same command resumes it from its checkpoint."""
+PARALLEL = {  # how the two ranks share the one process's batch of 4 windows of 32 positions
+    "ddp": ["train.batch_size=2"],  # 2 windows each
+    "fsdp": ["train.batch_size=2", "train.fsdp=true"],
+    "context": ["train.batch_size=4", "train.context_parallel=2"],  # all 4 windows, 16 positions each (ring attention)
+}
+
+
+@pytest.mark.parametrize("parallel", list(PARALLEL))
+def test_two_ranks_follow_the_one_process_curve_across_a_resume(one_process, tmp_path, parallel):
+    """Same global batch: the loss at each of the first 10 steps agrees within 1e-5, though the
+    ranks fuse the head and loss and the one process does not. The run stops at step 5
+    (train.max_steps) and a second launch of the same command resumes it from its checkpoint."""
     # the ranks use the fused head-and-loss (its gradients reach DDP's and FSDP's hooks from a
     # custom autograd function); the one process the plain head
-    args = [*common(tmp_path), "train.batch_size=2", f"train.fsdp={str(fsdp).lower()}", "train.head_loss=fused",
-            "hydra.run.dir=run"]
+    fsdp = parallel == "fsdp"
+    args = [*common(tmp_path), *PARALLEL[parallel], "train.head_loss=fused", "hydra.run.dir=run"]
     first = torchrun(*args, "train.max_steps=5", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "stopped by train.max_steps=5" in first.stdout
+    if parallel == "context":
+        assert "2 ranks, DDP, each sequence split across 2 of them (ring attention, 16 positions each)" in first.stdout
     second = torchrun(*args, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stdout and "at step 5" in second.stdout
@@ -74,9 +83,11 @@ def test_two_ranks_follow_the_one_process_curve_across_a_resume(one_process, tmp
     assert not (tmp_path / "outputs").exists()
     assert second.stdout.count("done: ") == 1
 
-    third = torchrun(*args, cwd=tmp_path)  # a finished run is not trained again
-    assert third.returncode == 0 and "finished already" in third.stdout
-    assert losses(tmp_path / "run") == got
+    assert summary["context_parallel"] == (2 if parallel == "context" else 1)
+    if parallel == "ddp":  # once is enough: a finished run is not trained again
+        third = torchrun(*args, cwd=tmp_path)
+        assert third.returncode == 0 and "finished already" in third.stdout
+        assert losses(tmp_path / "run") == got
 
 
 @pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (2, 2), ("llmlab: error: bad", 1)])

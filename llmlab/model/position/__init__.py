@@ -67,6 +67,10 @@ class RotaryAngles(PositionView):
 class Position(nn.Module):
     """The base of every scheme: built as ``cls(cfg, d_model, max_seq_len)``."""
 
+    #: trains with the sequence split across ranks (``train.context_parallel``); a scheme that
+    #: biases the scores does not, as the ring attends without a bias
+    context_parallel: bool = True
+
     def __init__(self, cfg, d_model: int, max_seq_len: int):
         super().__init__()
         self.cfg = cfg

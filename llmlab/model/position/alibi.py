@@ -39,6 +39,8 @@ class ALiBi(Position):
     """ALiBi (Press et al. 2022, Train Short, Test Long): no position signal in the embeddings;
     each head's attention scores fall linearly with the distance to the key, at its own slope."""
 
+    context_parallel = False
+
     @dataclass
     class Config:
         kind: str = "alibi"
