@@ -5,41 +5,24 @@ runs 2 ranks sharing each sequence in every `make test`); what it cannot split i
 naming the key."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, check_cli, run_cli
+from tests.conftest import check_cli, run_cli
+from tests.train import test_distributed as distributed
+from tests.train.test_distributed import losses
 
 STEPS = 20
 
 
 def common(tmp_path: Path) -> list[str]:
-    corpus = tmp_path / "corpus.txt"
-    if not corpus.exists():
-        words = "the quick brown fox jumps over a lazy dog then runs from the big red barn".split()
-        corpus.write_text("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(11))
-                                    for i in range(2000)))
-    return ["logger=none", "data=text", f"data.paths=[{corpus}]", "tokenizer=byte", "model.d_model=32",
-            "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=32", f"train.steps={STEPS}",
-            "train.log_every=1", "train.eval_windows=4", "train.sample_tokens=4", "train.ckpt_every=0", "seed=0",
-            "train.head_loss=plain"]
+    return [*distributed.common(tmp_path, steps=STEPS, heads=4), "train.head_loss=plain"]
 
 
 def torchrun(ranks: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LLMLAB_CACHE": str(cwd / ".cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("WANDB_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone",
-                           "-m", "llmlab", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env=env)
-
-
-def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+    return distributed.torchrun(*args, cwd=cwd, ranks=ranks)
 
 
 KINDS = {"mha": ["model/attention=mha"], "gqa": ["model/attention=gqa"],

@@ -15,22 +15,23 @@ from tests.conftest import REPO, run_cli
 STEPS = 10
 
 
-def common(tmp_path: Path) -> list[str]:
+def common(tmp_path: Path, steps: int = STEPS, heads: int = 2) -> list[str]:
+    """A small byte-level run on a corpus written into ``tmp_path``."""
     corpus = tmp_path / "corpus.txt"
     if not corpus.exists():
         words = "the quick brown fox jumps over a lazy dog then runs from the big red barn".split()
         corpus.write_text("\n".join(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(11))
                                     for i in range(2000)))
     return ["logger=none", "data=text", f"data.paths=[{corpus}]", "tokenizer=byte", "model.d_model=32",
-            "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=32", f"train.steps={STEPS}",
+            "model.n_layers=2", f"model.n_heads={heads}", "model.max_seq_len=32", f"train.steps={steps}",
             "train.log_every=1", "train.eval_windows=4", "train.sample_tokens=4", "train.ckpt_every=0", "seed=0"]
 
 
-def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def torchrun(*args: str, cwd: Path, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "LLMLAB_CACHE": str(cwd / ".cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("WANDB_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-                           "-m", "llmlab", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone",
+                           "-m", "llmlab", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
                           env=env)
 
 
