@@ -14,6 +14,8 @@ PYTHON := $(BIN)python
 LLMLAB := $(PYTHON) -m llmlab
 PROMPT ?= def fib(
 SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
+NANOGPT ?=
+# NANOGPT: a nanoGPT checkout; when set, make bench times its train.py beside llmlab (bench.shakespeare)
 
 .PHONY: install run test test-all bench bench-long bench-gpu clean distclean
 
@@ -46,7 +48,7 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.sparse_attention
 	$(PYTHON) -m bench.context_parallel
 	$(PYTHON) -m bench.train_default
-	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"
+	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"$(if $(NANOGPT), --nanogpt "$(NANOGPT)" --rounds 3)
 	$(PYTHON) -m bench.speculative
 	$(PYTHON) -m bench.head_loss
 	$(PYTHON) -m bench.cli

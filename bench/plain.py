@@ -1,6 +1,7 @@
 """A minimal plain-PyTorch GPT and training loop: the reference that llmlab's own loop is timed
 against. Same network as the ``gpt2`` preset (learned positions, pre-LayerNorm with biases,
-GELU MLP, tied embeddings, SDPA causal attention), AdamW, warmup + cosine, random windows of
+GELU MLP, tied embeddings, SDPA causal attention; the linear layers' biases optional, as
+``model.bias``), AdamW (the fused kernel on the CPU and CUDA), warmup + cosine, random windows of
 the same token array. No config system, no logging, no checkpoints: what is left is the cost
 of the model itself."""
 
@@ -17,12 +18,12 @@ from torch import nn
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, bias: bool = True):
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
+        self.up, self.down = nn.Linear(d, 4 * d, bias=bias), nn.Linear(4 * d, d, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -33,11 +34,11 @@ class Block(nn.Module):
 
 
 class PlainGPT(nn.Module):
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, block: int):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, block: int, bias: bool = True):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(block, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, bias) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.tok.weight
@@ -59,15 +60,15 @@ class PlainGPT(nn.Module):
 def train_plain(tokens: np.ndarray, vocab: int, d: int, layers: int, heads: int, block: int, batch: int,
                 steps: int, lr: float, warmup: int, min_lr: float, device: str = "cpu", precision: str = "fp32",
                 compile: bool = False, log_every: int = 10, seed: int = 0, weight_decay: float = 0.1,
-                betas: tuple[float, float] = (0.9, 0.95)) -> dict:
+                betas: tuple[float, float] = (0.9, 0.95), bias: bool = True) -> dict:
     """Train ``steps`` steps; tokens/s is the median over windows of ``log_every`` steps after
     the first (warm-up, compilation), as llmlab reports it."""
     torch.manual_seed(seed)
     dev = torch.device(device)
-    model = PlainGPT(vocab, d, layers, heads, block).to(dev)
+    model = PlainGPT(vocab, d, layers, heads, block, bias).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    fused = dev.type == "cuda"
+    fused = dev.type in ("cuda", "cpu")  # one kernel a tensor; on the CPU 5% of this model's step
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=lr, betas=betas, fused=fused, foreach=None if fused else True)
     step_model = torch.compile(model) if compile else model

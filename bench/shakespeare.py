@@ -1,13 +1,22 @@
 """nanoGPT's shakespeare-char CPU configuration, through ``llmlab train``, beside a minimal
-plain-PyTorch loop (bench/plain.py) on the same tokens, timed in the same run.
+plain-PyTorch loop (bench/plain.py) on the same tokens and, given a nanoGPT checkout, nanoGPT's
+own ``train.py``: alternating rounds in one run, so that every ratio compares runs made under
+the same load.
 
     python -m bench.shakespeare --data ../shared/data/tinyshakespeare.txt [--steps 2000]
+    python -m bench.shakespeare --data ... --nanogpt path/to/nanoGPT --rounds 4
 
-The gpt2 preset at 4 layers, 4 heads, d 128, context 64, batch 12, byte tokens (one per
+The gpt2 preset at 4 layers, 4 heads, d 128, context 64, batch 12, no biases in its linear
+layers (as nanoGPT), byte tokens (one per
 character), AdamW (beta2 0.99) at lr 1e-3 with 100 warmup steps and cosine decay to 1e-4, no dropout.
+nanoGPT runs as its README's CPU line gives it (``--device=cpu --compile=False --eval_iters=20
+--log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+--max_iters=<steps> --lr_decay_iters=<steps> --dropout=0.0``) on its own character data, which
+this script writes as its ``prepare.py`` does (sorted characters, the first 90% for training).
+Its tokens/s is the median of its per-iteration times, without the iterations that evaluate.
 Targets:
-  - llmlab's tokens/s >= 95% of the plain loop's (framework overhead <= 5%);
-  - val loss <= 1.88 nats/character at step 2000;
+  - llmlab's tokens/s >= the plain loop's, and >= 1.1x nanoGPT's (median of the rounds' ratios);
+  - val loss <= nanoGPT's at step 2000;
   - a modern preset (llama: RoPE, RMSNorm, SwiGLU; tied, for the same parameter count) lower still;
   - CPU MFU against the measured fp32 matmul peak, here and at d_model 512 (target >= 55% there).
 """
@@ -17,15 +26,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
+import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bench.common import write_result
 
 SHAPE = ["model.d_model=128", "model.n_layers=4", "model.n_heads=4", "model.max_seq_len=64", "train.batch_size=12"]
+# as nanoGPT's train.py: no biases in the linear layers (its LayerNorms have none either; llmlab's
+# keep theirs). The byte vocabulary (257) is padded to 272, a multiple of the CPU's vector width,
+# not to 320 (64, for GPUs' matrix units): the head is 4% of this model's FLOPs
+MODEL = ["model.bias=false", "model.vocab_multiple=16"]
+VOCAB_MULTIPLE = 16
 RECIPE = ["tokenizer=byte", "optim.lr=1e-3", "optim.beta2=0.99", "sched=cosine", "sched.warmup=100", "sched.min_lr_ratio=0.1",
           "train.log_every=10", "train.eval_every=0", "train.eval_windows=0", "train.ckpt_every=0",
           "train.prompts=[]", "logger=none"]
@@ -41,10 +61,72 @@ def llmlab_train(tmp: Path, env: dict, name: str, overrides: list[str]) -> dict:
             "mfu": s["mfu"], "val_loss": s["val_loss"], "train_loss": s["train_loss"], "steps": s["steps"]}
 
 
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py")
+ITER_LINE = re.compile(r"^iter (\d+): loss ([\d.]+), time ([\d.]+)ms")
+EVAL_LINE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+
+
+def nanogpt_setup(checkout: Path, text: Path, work: Path) -> Path:
+    """A copy of nanoGPT's training files with its character data beside them, written as its
+    ``data/shakespeare_char/prepare.py`` writes it (which would download the text)."""
+    for name in NANOGPT_FILES:
+        if not (checkout / name).is_file():
+            sys.exit(f"bench.shakespeare: --nanogpt {checkout}: no {name} there (a nanoGPT checkout has it)")
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(checkout / name, work / name)
+    data = text.read_text()
+    chars = sorted(set(data))
+    index = {c: i for i, c in enumerate(chars)}
+    out = work / "data" / "shakespeare_char"
+    out.mkdir(parents=True, exist_ok=True)
+    cut = int(len(data) * 0.9)
+    for split, part in (("train", data[:cut]), ("val", data[cut:])):
+        np.array([index[c] for c in part], dtype=np.uint16).tofile(out / f"{split}.bin")
+    with open(out / "meta.pkl", "wb") as f:  # nanoGPT reads its vocabulary size from here
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": index}, f)
+    return work
+
+
+def nanogpt_train(work: Path, steps: int) -> dict:
+    args = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
+            "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", f"--max_iters={steps}",
+            f"--lr_decay_iters={steps}", "--dropout=0.0"]
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "train.py", *args], cwd=work, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if done.returncode:
+        sys.exit(f"bench.shakespeare: nanoGPT's train.py failed:\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}")
+    times, evals = [], []
+    for line in done.stdout.splitlines():
+        if m := ITER_LINE.match(line):
+            step = int(m[1])
+            if step >= 10 and step % 250:  # its first steps and the steps that evaluate (every 250) aside
+                times.append(float(m[3]) / 1000)
+        elif m := EVAL_LINE.match(line):
+            evals.append((int(m[1]), float(m[3])))
+    return {"command": "python train.py " + " ".join(args), "wall_s": round(wall, 1),
+            "tokens_per_s": 12 * 64 / statistics.median(times), "step_s_median": statistics.median(times),
+            "val_loss": evals[-1][1] if evals else None, "val_loss_step": evals[-1][0] if evals else None,
+            "val_loss_note": "nanoGPT's estimate: 20 random batches of the val split"}
+
+
+def plain_train(prepared, steps: int) -> dict:
+    from bench.plain import eval_plain, train_plain
+    vocab = -(-prepared.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE  # llmlab pads the embedding the same way
+    t = time.perf_counter()
+    plain = train_plain(prepared.tokens("train"), vocab, 128, 4, 4, 64, 12, steps, lr=1e-3, warmup=100,
+                        min_lr=1e-4, betas=(0.9, 0.99), bias=False)
+    plain["wall_s"] = round(time.perf_counter() - t, 1)
+    plain["val_loss"] = eval_plain(plain.pop("model"), prepared.tokens("val"), 64, 64)
+    return plain
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of llmlab, the plain loop (and nanoGPT)")
+    ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout (github.com/karpathy/nanoGPT): time its train.py too")
     ap.add_argument("--mfu-steps", type=int, default=60)
     args = ap.parse_args()
     data = Path(args.data).resolve()
@@ -53,43 +135,66 @@ def main() -> None:
     repo = Path(__file__).resolve().parent.parent
     data_args = ["data=text", f"data.paths=[{data}]", "data.val_fraction=0.1"]
     base = [*data_args, *RECIPE, f"train.steps={args.steps}"]
-    result: dict = {"data": str(data), "steps": args.steps}
+    result: dict = {"data": str(data), "steps": args.steps, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-shakespeare-") as tmp_name:
         tmp = Path(tmp_name)
         env = {**os.environ, "LLMLAB_CACHE": str(tmp / "cache"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
-        result["gpt2"] = llmlab_train(tmp, env, "gpt2", ["model=gpt2", *SHAPE, *base])
-
-        os.environ["LLMLAB_CACHE"] = env["LLMLAB_CACHE"]  # the tokens llmlab prepared, from its cache
-        from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
-
-        from bench.plain import eval_plain, train_plain
-        from llmlab.paths import conf_dir
-        from llmlab.data.prepare import prepare
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = OmegaConf.to_container(compose("train", ["model=gpt2", *SHAPE, *base]), resolve=True)
-        prepared = prepare(cfg["data"], cfg["tokenizer"], None)
-        vocab = -(-prepared.vocab_size // 64) * 64  # llmlab pads the embedding the same way
-        t = time.perf_counter()
-        plain = train_plain(prepared.tokens("train"), vocab, 128, 4, 4, 64, 12, args.steps, lr=1e-3, warmup=100,
-                            min_lr=1e-4, betas=(0.9, 0.99))
-        plain["wall_s"] = round(time.perf_counter() - t, 1)
-        plain["val_loss"] = eval_plain(plain.pop("model"), prepared.tokens("val"), 64, 64)
-        result["plain"] = plain
-        result["llmlab_vs_plain"] = result["gpt2"]["tokens_per_s"] / plain["tokens_per_s"]
-
+        nano = nanogpt_setup(args.nanogpt.resolve(), data, tmp / "nanogpt") if args.nanogpt else None
+        rounds = []
+        for r in range(args.rounds):
+            this = {"gpt2": llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base])}
+            if r == 0:  # the tokens llmlab prepared, from its cache
+                prepared = prepared_tokens(env["LLMLAB_CACHE"], base)
+            this["plain"] = plain_train(prepared, args.steps)
+            if nano is not None:
+                this["nanogpt"] = nanogpt_train(nano, args.steps)
+            this["llmlab_vs_plain"] = this["gpt2"]["tokens_per_s"] / this["plain"]["tokens_per_s"]
+            if nano is not None:
+                this["llmlab_vs_nanogpt"] = this["gpt2"]["tokens_per_s"] / this["nanogpt"]["tokens_per_s"]
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v['tokens_per_s']:,.0f} tok/s" for k, v in this.items()
+                                                  if isinstance(v, dict)))
+            rounds.append(this)
+        result["rounds_detail"] = rounds
+        for key in ("gpt2", "plain", "nanogpt"):
+            if key in rounds[0]:
+                result[key] = {**rounds[-1][key], "tokens_per_s": statistics.median(x[key]["tokens_per_s"] for x in rounds),
+                               "tokens_per_s_rounds": [round(x[key]["tokens_per_s"]) for x in rounds],
+                               "val_loss_rounds": [x[key]["val_loss"] for x in rounds]}
+        for key in ("llmlab_vs_plain", "llmlab_vs_nanogpt"):
+            if key in rounds[0]:
+                result[key] = statistics.median(x[key] for x in rounds)
+                result[key + "_rounds"] = [round(x[key], 3) for x in rounds]
         result["llama"] = llmlab_train(tmp, env, "llama", ["model=llama", "model.tie_embeddings=true", *SHAPE, *base])
         result["mfu_d512"] = llmlab_train(
             tmp, env, "d512", ["model=gpt2", *SHAPE, "model.d_model=512", *data_args, *RECIPE,
                                f"train.steps={args.mfu_steps}", "train.eval_windows=1"])
     g, p, m = result["gpt2"], result["plain"], result["llama"]
-    print(f"shakespeare-char, {args.steps} steps: llmlab gpt2 {g['tokens_per_s']:,.0f} tok/s (MFU {g['mfu']:.1%}), "
-          f"plain loop {p['tokens_per_s']:,.0f} tok/s: llmlab at {result['llmlab_vs_plain']:.1%} of plain")
+    print(f"shakespeare-char, {args.steps} steps, {args.rounds} round(s), medians: llmlab gpt2 "
+          f"{g['tokens_per_s']:,.0f} tok/s (MFU {g['mfu']:.1%}), plain loop {p['tokens_per_s']:,.0f} tok/s: "
+          f"llmlab at {result['llmlab_vs_plain']:.1%} of plain")
+    if "nanogpt" in result:
+        n = result["nanogpt"]
+        print(f"nanoGPT {n['tokens_per_s']:,.0f} tok/s: llmlab at {result['llmlab_vs_nanogpt']:.2f}x "
+              f"(rounds {result['llmlab_vs_nanogpt_rounds']}); nanoGPT val loss {n['val_loss']} (its estimate)")
     print(f"val loss: gpt2 {g['val_loss']:.4f} ({g['params']:,} params), plain {p['val_loss']:.4f}, "
           f"llama {m['val_loss']:.4f} ({m['params']:,} params)")
     print(f"CPU MFU at d_model 512: {result['mfu_d512']['mfu']:.1%} ({result['mfu_d512']['tokens_per_s']:,.0f} tok/s)")
     write_result("shakespeare", result)
+
+
+def prepared_tokens(cache: str, overrides: list[str]):
+    os.environ["LLMLAB_CACHE"] = cache
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from llmlab.cli import register_parts
+    from llmlab.data.prepare import prepare
+    from llmlab.paths import conf_dir
+    register_parts("train")
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = OmegaConf.to_container(compose("train", ["model=gpt2", *SHAPE, *MODEL, *overrides]), resolve=True)
+    return prepare(cfg["data"], cfg["tokenizer"], None)
 
 
 if __name__ == "__main__":

@@ -150,3 +150,27 @@ def test_warmup_and_warmup_share_together_name_the_key():
         SCHEDULE.config({"kind": "cosine", "warmup": 10, "warmup_share": 0.1}, "sched")
     with pytest.raises(ConfigError, match=r"^sched.warmup_share: must be in \[0, 1\), got 1.5"):
         SCHEDULE.config({"kind": "cosine", "warmup_share": 1.5}, "sched")
+
+
+def test_adamw_on_the_cpu_takes_the_fused_kernel_and_steps_as_foreach_does():
+    """The fused kernel (one pass per tensor) is the CPU's AdamW too, and it moves the weights
+    as the foreach implementation does."""
+    cfg = OPTIMIZER.config({"kind": "adamw", "lr": 1e-2, "weight_decay": 0.1}, "optim")
+    models = [tiny_model(), tiny_model()]
+    models[1].load_state_dict(models[0].state_dict())
+    start = {k: v.clone() for k, v in models[0].state_dict().items()}
+    fused = build_optimizer(cfg, models[0], torch.device("cpu"))
+    assert fused.defaults["fused"] is True
+    foreach = torch.optim.AdamW(param_groups(models[1], 0.1), lr=1e-2, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                foreach=True)
+    x = torch.randint(0, models[0].vocab_size, (2, 16))
+    for _ in range(3):
+        for model, opt in zip(models, (fused, foreach)):
+            model(x, x).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    moved = 0
+    for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        moved += not torch.equal(a, start[name])
+    assert moved >= len(start) // 2
