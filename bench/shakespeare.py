@@ -1,7 +1,7 @@
 """nanoGPT's shakespeare-char CPU configuration, through ``llmlab train``, beside a minimal
 plain-PyTorch loop (bench/plain.py) on the same tokens and, given a nanoGPT checkout, nanoGPT's
-own ``train.py``: alternating rounds in one run, so that every ratio compares runs made under
-the same load.
+own ``train.py``: alternating rounds in one run, each round in a rotated order, so that every
+ratio compares runs made under the same load.
 
     python -m bench.shakespeare --data ../shared/data/tinyshakespeare.txt [--steps 2000]
     python -m bench.shakespeare --data ... --nanogpt path/to/nanoGPT --rounds 4
@@ -40,7 +40,9 @@ import numpy as np
 
 from bench.common import write_result
 
-SHAPE = ["model.d_model=128", "model.n_layers=4", "model.n_heads=4", "model.max_seq_len=64", "train.batch_size=12"]
+WIDTH, LAYERS, HEADS, BLOCK, BATCH = 128, 4, 4, 64, 12  # nanoGPT's CPU line: n_embd, n_layer, n_head, block, batch
+SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", f"model.max_seq_len={BLOCK}",
+         f"train.batch_size={BATCH}"]
 # as nanoGPT's train.py: no biases in the linear layers (its LayerNorms have none either; llmlab's
 # keep theirs). The byte vocabulary (257) is padded to 272, a multiple of the CPU's vector width,
 # not to 320 (64, for GPUs' matrix units): the head is 4% of this model's FLOPs
@@ -89,8 +91,8 @@ def nanogpt_setup(checkout: Path, text: Path, work: Path) -> Path:
 
 def nanogpt_train(work: Path, steps: int) -> dict:
     args = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
-            "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", f"--max_iters={steps}",
-            f"--lr_decay_iters={steps}", "--dropout=0.0"]
+            f"--block_size={BLOCK}", f"--batch_size={BATCH}", f"--n_layer={LAYERS}", f"--n_head={HEADS}",
+            f"--n_embd={WIDTH}", f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0"]
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "train.py", *args], cwd=work, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -104,8 +106,10 @@ def nanogpt_train(work: Path, steps: int) -> dict:
                 times.append(float(m[3]) / 1000)
         elif m := EVAL_LINE.match(line):
             evals.append((int(m[1]), float(m[3])))
+    if not times:
+        sys.exit(f"bench.shakespeare: nanoGPT printed no timed iterations in {steps} steps; give --steps 20 or more")
     return {"command": "python train.py " + " ".join(args), "wall_s": round(wall, 1),
-            "tokens_per_s": 12 * 64 / statistics.median(times), "step_s_median": statistics.median(times),
+            "tokens_per_s": BATCH * BLOCK / statistics.median(times), "step_s_median": statistics.median(times),
             "val_loss": evals[-1][1] if evals else None, "val_loss_step": evals[-1][0] if evals else None,
             "val_loss_note": "nanoGPT's estimate: 20 random batches of the val split"}
 
@@ -114,10 +118,10 @@ def plain_train(prepared, steps: int) -> dict:
     from bench.plain import eval_plain, train_plain
     vocab = -(-prepared.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE  # llmlab pads the embedding the same way
     t = time.perf_counter()
-    plain = train_plain(prepared.tokens("train"), vocab, 128, 4, 4, 64, 12, steps, lr=1e-3, warmup=100,
+    plain = train_plain(prepared.tokens("train"), vocab, WIDTH, LAYERS, HEADS, BLOCK, BATCH, steps, lr=1e-3, warmup=100,
                         min_lr=1e-4, betas=(0.9, 0.99), bias=False)
     plain["wall_s"] = round(time.perf_counter() - t, 1)
-    plain["val_loss"] = eval_plain(plain.pop("model"), prepared.tokens("val"), 64, 64)
+    plain["val_loss"] = eval_plain(plain.pop("model"), prepared.tokens("val"), BLOCK, 64)
     return plain
 
 
@@ -141,14 +145,18 @@ def main() -> None:
         env = {**os.environ, "LLMLAB_CACHE": str(tmp / "cache"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
         nano = nanogpt_setup(args.nanogpt.resolve(), data, tmp / "nanogpt") if args.nanogpt else None
+        prepared = prepared_tokens(env["LLMLAB_CACHE"], base)  # into the cache llmlab's runs read
+        runners = {"gpt2": lambda r: llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base]),
+                   "plain": lambda r: plain_train(prepared, args.steps)}
+        if nano is not None:
+            runners["nanogpt"] = lambda r: nanogpt_train(nano, args.steps)
+        names = list(runners)
         rounds = []
         for r in range(args.rounds):
-            this = {"gpt2": llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base])}
-            if r == 0:  # the tokens llmlab prepared, from its cache
-                prepared = prepared_tokens(env["LLMLAB_CACHE"], base)
-            this["plain"] = plain_train(prepared, args.steps)
-            if nano is not None:
-                this["nanogpt"] = nanogpt_train(nano, args.steps)
+            # each goes first in turn, so that none always meets the same load
+            order = names[r % len(names):] + names[:r % len(names)]
+            done = {name: runners[name](r) for name in order}
+            this = {name: done[name] for name in names}
             this["llmlab_vs_plain"] = this["gpt2"]["tokens_per_s"] / this["plain"]["tokens_per_s"]
             if nano is not None:
                 this["llmlab_vs_nanogpt"] = this["gpt2"]["tokens_per_s"] / this["nanogpt"]["tokens_per_s"]

@@ -66,11 +66,7 @@ def init_distributed(device: torch.device, fsdp: bool, context: int = 1) -> tupl
     that many consecutive ranks share each sequence; the groups split the batch."""
     dist = world_from_env()
     dist.fsdp = fsdp and dist.enabled
-    if context > 1 and dist.world_size % context:
-        how = (f"it runs in one process; start {context} (or a multiple) with torchrun --nproc_per_node={context}"
-               if not dist.enabled else f"torchrun started {dist.world_size} ranks")
-        raise ConfigError(f"train.context_parallel: {context} ranks share each sequence, so the ranks must be a "
-                          f"multiple of {context}; {how}")
+    # the rank count fits train.context_parallel: check_context_parallel said so in the settings
     dist.context = context
     if not dist.enabled:
         return dist, device

@@ -5,7 +5,6 @@ runs 2 ranks sharing each sequence in every `make test`); what it cannot split i
 naming the key."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,6 @@ STEPS = 20
 
 def common(tmp_path: Path) -> list[str]:
     return [*distributed.common(tmp_path, steps=STEPS, heads=4), "train.head_loss=plain"]
-
-
-def torchrun(ranks: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return distributed.torchrun(*args, cwd=cwd, ranks=ranks)
 
 
 KINDS = {"mha": ["model/attention=mha"], "gqa": ["model/attention=gqa"],
@@ -48,9 +43,9 @@ def one_process(tmp_path_factory):
 
 def run_and_resume(ranks: int, args: list[str], tmp_path: Path) -> tuple[str, dict[int, float]]:
     """The run stopped at step 10 (train.max_steps), then the same command resumes it to the end."""
-    first = torchrun(ranks, *args, "train.max_steps=10", cwd=tmp_path)
+    first = distributed.torchrun(*args, "train.max_steps=10", cwd=tmp_path, ranks=ranks)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = torchrun(ranks, *args, cwd=tmp_path)
+    second = distributed.torchrun(*args, cwd=tmp_path, ranks=ranks)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stdout and "at step 10" in second.stdout
     got = losses(tmp_path / "run")
