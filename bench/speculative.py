@@ -88,7 +88,7 @@ def main() -> None:
 def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
     import torch
 
-    from llmlab.model.packing import should_pack
+    from llmlab.model.packing import chosen_linears
     from llmlab.sample.generate import SamplingConfig, generate
     from llmlab.sample.session import draft_shortlist
     from llmlab.sample.speculative import speculative_generate
@@ -164,14 +164,14 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
             print(line)
     tp = sum(p.numel() for p in target.parameters())
     with torch.no_grad():  # whether decoding packed the weights (it never does while autograd records)
-        packs = {pack: should_pack([target], pack) for pack in ("auto", False)}
+        packs = {pack: len(chosen_linears([target], pack)) for pack in ("auto", False)}
     summary = lambda d: json.loads((d / "summary.json").read_text())  # noqa: E731
     result = {
         "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "k": args.k,
         "target": {"overrides": args.target, "steps": args.target_steps, "params": tp,
                    "val_loss": summary(target_dir)["val_loss"]},
         "new_tokens_per_prompt": args.new_tokens, "prompts": rows,
-        "packed_weights": packs["auto"],
+        "packed_layers": packs["auto"],
         "plain_tokens_per_s": tokens_total / plain_totals["plain"],
         **({"plain_unpacked_tokens_per_s": tokens_total / plain_totals["plain/unpacked"]} if args.unpacked else {}),
         "greedy_outputs_identical": True, "target_speedup": 1.5, "drafts": {},
@@ -184,7 +184,7 @@ def measure(target_dir: Path, draft_dirs: dict[str, Path], args) -> dict:
         result["drafts"][name] = {
             "overrides": args.draft, "teacher": info.get("teacher"), "min_confidence": threshold,
             "draft_vocab": len(shortlist) if shortlist is not None else None,
-            "packed_weights": packs[pack],
+            "packed_layers": packs[pack],
             "steps": args.distill_steps if info.get("teacher") else args.draft_steps, "params": dp,
             "draft_over_target_params": round(dp / tp, 3), "val_loss": info["val_loss"],
             "teacher_agreement": info.get("teacher_agreement"),

@@ -17,9 +17,12 @@ from typing import Callable, NoReturn
 from llmlab.errors import fail
 from llmlab.names import path_slug
 from llmlab.paths import conf_dir
-from llmlab.overrides import (expand_sweeps, hydra_overrides, keep_worker_ranks_out_of_outputs,
+from llmlab.overrides import (expand_sweeps, first_sweep, hydra_overrides, keep_worker_ranks_out_of_outputs,
                               name_sweep_runs_by_swept_keys, name_train_sweep_by_its_overrides,
                               paths_to_runs_override, quote_free_text, split_args)
+
+# settings whose value is free text: a comma in it is text, not a sweep (outside -m)
+TEXT_KEYS = {"sample": ("prompt",)}
 
 USAGE_COMMANDS = {
     "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
@@ -132,7 +135,7 @@ def preflight(command: str, args: list[str]) -> None:
         return
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     from llmlab.errors import UserError
@@ -142,31 +145,40 @@ def preflight(command: str, args: list[str]) -> None:
         combos = expand_sweeps(overrides)
     except HydraException as e:
         fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
+    # Hydra's own settings (hydra.run.dir=..., hydra/launcher=joblib, ...) are composed once,
+    # with the first combination, so a misspelt one is one line too; that composition serves as
+    # the first job's too when it succeeds (one composition less in every run that sets one)
+    extra = hydra_overrides(args)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=command):
         def compose_with(ovs):
             return compose(config_name=command, overrides=ovs)
 
-        for combo in combos:
+        def compose_all(ovs):
+            return compose(config_name=command, overrides=ovs, return_hydra_config=True)
+
+        for i, combo in enumerate(combos):
             try:
-                cfg = OmegaConf.to_container(compose_with(combo), resolve=True)
+                composed = None
+                if i == 0 and extra:
+                    try:
+                        composed = compose_all(combo + extra)
+                    except (HydraException, OmegaConfBaseException):
+                        pass  # said below: the job's settings on their own first, then Hydra's
+                    else:
+                        with open_dict(composed):
+                            del composed["hydra"]  # what Hydra's app gets: the job's settings alone
+                cfg = OmegaConf.to_container(composed if composed is not None else compose_with(combo), resolve=True)
                 RESOLVED[config_key(cfg)] = resolve(cfg)
             except UserError as e:
                 fail(str(e), 2)
             except (HydraException, OmegaConfBaseException) as e:
                 fail(_explain(e, combo, compose_with), 2)
-
-        # Hydra's own settings (hydra.callbacks.report.baseline=..., hydra/launcher=joblib, ...):
-        # composed once with the first combination, so a misspelt one is one line too
-        extra = hydra_overrides(args)
-        if extra:
-            def compose_all(ovs):
-                return compose(config_name=command, overrides=ovs, return_hydra_config=True)
-
-            overrides = (combos[0] if combos else []) + extra
-            try:
-                compose_all(overrides)
-            except (HydraException, OmegaConfBaseException) as e:
-                fail(_explain(e, overrides, compose_all), 2)
+            if i == 0 and extra and composed is None:
+                overrides = combo + extra
+                try:
+                    compose_all(overrides)
+                except (HydraException, OmegaConfBaseException) as e:
+                    fail(_explain(e, overrides, compose_all), 2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,12 +194,20 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command == "report":
         rest = paths_to_runs_override(rest)
-    rest = [quote_free_text(a) for a in rest]
+    sweeping = bool({"-m", "--multirun"} & set(rest))
+    rest = [quote_free_text(a, () if sweeping else TEXT_KEYS.get(command, ())) for a in rest]
     if command not in USAGE_COMMANDS:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
     if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
+    if not sweeping and not {"--help", "-h"} & set(rest):
+        sweep = first_sweep(rest)
+        if sweep is not None:  # Hydra's own message would end in a traceback
+            key, _, value = sweep.partition("=")
+            listed = f", or write a list as {key}=[{value}]" if "(" not in value else ""
+            fail(f"{key}: '{value}' gives several values, which sweep only with -m "
+                 f"(llmlab {command} -m {sweep}); give one value{listed}", 2)
     showing = bool({"--cfg", "-c", "--info"} & set(rest))
     helping = bool({"--help", "-h"} & set(rest))
     register_parts(command, every_kind=helping or not showing)  # --cfg job alone stays torch-free

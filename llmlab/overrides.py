@@ -48,23 +48,27 @@ def split_args(args: list[str]) -> tuple[list[str], bool]:
     return [a for a in _override_args(args) if not _is_hydra_key(a)], check
 
 
-def quote_free_text(arg: str) -> str:
+def quote_free_text(arg: str, text_keys: tuple[str, ...] = ()) -> str:
     """``prompt="def fib("`` reaches us as ``prompt=def fib(``, which Hydra's override grammar
     rejects. A key=value that does not parse, and is not quoted already, is passed as a quoted
-    string; the config checks then judge the value as usual."""
+    string; the config checks then judge the value as usual. So is the value of a key in
+    ``text_keys`` (free text such as a prompt, outside a sweep) that Hydra would read as several
+    values: ``prompt=Hello, world`` is one prompt."""
     if arg.startswith("-") or "=" not in arg:
         return arg
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    key, value = arg.split("=", 1)
     try:
-        OverridesParser.create().parse_override(arg)
-        return arg
+        parsed = OverridesParser.create().parse_override(arg)
     except HydraException:
-        key, value = arg.split("=", 1)
-        if value[:1] in ("'", '"'):
-            return arg
-        return f"{key}={hydra_quote(value)}"
+        parsed = None
+    if parsed is not None and not (key in text_keys and parsed.is_sweep_override()):
+        return arg
+    if value[:1] in ("'", '"') and parsed is None:
+        return arg
+    return f"{key}={hydra_quote(value)}"
 
 
 def hydra_quote(value: str) -> str:
@@ -92,6 +96,21 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
             choices.append([text])
     combos = itertools.product(*choices)
     return [list(c) for c in itertools.islice(combos, MAX_CHECKED_COMBINATIONS)]
+
+
+def first_sweep(args: list[str]) -> str | None:
+    """The first override among ``args`` that gives several values (``train.steps=1,2``,
+    ``seed=range(3)``, ``glob(...)``): Hydra runs those only under ``-m``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in _override_args(args):
+        try:
+            if parser.parse_override(arg).is_sweep_override():
+                return arg
+        except Exception:
+            continue  # Hydra reports what it cannot parse
+    return None
 
 
 def hydra_overrides(args: list[str]) -> list[str]:

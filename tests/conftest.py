@@ -88,7 +88,7 @@ def check_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
-            process: bool = False) -> subprocess.CompletedProcess:
+            process: bool = False, preexec_fn=None) -> subprocess.CompletedProcess:
     """``llmlab <args>`` in ``cwd``, as a user runs it, with the cache in ``cwd/.cache`` and
     wandb off.
 
@@ -98,13 +98,15 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
     would print it, exit status 1. That saves the 2 to 3 s of a fresh interpreter (torch's
     import) per call. ``process=True`` runs ``python -m llmlab`` in a subprocess: for tests
     about the process itself (signals, kill -9, exit at interpreter shutdown, resource
-    limits, torchrun) and for one real run of each command."""
+    limits, torchrun) and for one real run of each command; ``preexec_fn`` runs in that
+    subprocess before it starts (a resource limit)."""
     env = {"LLMLAB_CACHE": str(cwd / ".cache"), "WANDB_MODE": "disabled", **(env or {})}
     if process:
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
         full_env.pop("WANDB_API_KEY", None)
         return subprocess.run([sys.executable, "-m", "llmlab", *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, env=full_env)
+                              timeout=timeout, env=full_env, preexec_fn=preexec_fn)
+    assert preexec_fn is None, "preexec_fn needs process=True"
     return _in_process(list(args), Path(cwd), env)
 
 

@@ -43,7 +43,7 @@ class SampleConfig(Checked):
     seed: int = 0
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
-    pack_weights: Any = "auto"  # auto | true | false: CPU decoding with oneDNN-prepacked weights (x86-64: auto is on)
+    pack_weights: Any = "auto"  # auto | true | false: CPU decoding with oneDNN-prepacked weights (auto: the layers where they measure faster)
     draft: str | None = None  # a smaller checkpoint (same tokenizer) for speculative decoding
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
@@ -116,7 +116,7 @@ def run(job: SampleConfig, run_dir: Path) -> None:
 
     from llmlab import console
     from llmlab.errors import UserError
-    from llmlab.model.packing import should_pack
+    from llmlab.model.packing import chosen_linears
     from llmlab.sample.session import StreamWriter, decode_prompts, draft_shortlist
     from llmlab.train.checkpoint import build_model
     from llmlab.train.device import autocast, resolve_device, resolve_precision
@@ -150,8 +150,11 @@ def run(job: SampleConfig, run_dir: Path) -> None:
     how = (f", speculative: draft {Path(job.draft)}, k={spec.k}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
     with amp, torch.no_grad():
-        packed = ", packed weights" if should_pack([model, *([draft] if draft is not None else [])],
-                                                    job.pack_weights) else ""
+        models = [model, *([draft] if draft is not None else [])]
+        chosen = len(chosen_linears(models, job.pack_weights))
+        layers = sum(type(m) is torch.nn.Linear for m in models for m in m.modules())
+        packed = "" if not chosen else (", packed weights" if chosen == layers
+                                         else f", packed weights ({chosen} of {layers} layers)")
     console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{packed}{how}", style="dim")
 
     stream = len(prompts) == 1 and n == 1

@@ -194,7 +194,7 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -
     draws = []
     for _ in range(reps):
         try:
-            b = sc.fit_surface(tn, td, fit.loss(tn, td) + sd * rng.standard_t(dof, len(tn)), grid=sc.BOOT_GRID)
+            b = sc.boot_fit(tn, td, fit.loss(tn, td) + sd * rng.standard_t(dof, len(tn)))
         except ValueError:
             continue
         draws.append(float(np.min(b.loss(n, d))) + sd / math.sqrt(len(best.losses)) * float(rng.standard_t(dof)))

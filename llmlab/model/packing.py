@@ -6,10 +6,16 @@ re-lays the weight out for its kernel on every call, and for a handful of rows t
 than the product. oneDNN can lay each weight out once (``mkldnn._reorder_linear_weight``) and
 reuse it (``mkldnn._linear_pointwise``), the path inductor takes for frozen CPU graphs.
 
-Measured on 2 Zen 3 cores, fp32 (median µs, F.linear -> packed):
+Whether that pays depends on the machine and the shape. On 2 Zen 3 cores with AVX-512, fp32
+(median µs, F.linear -> packed):
   8192 x 512 (an LM head):  1 row 570 -> 245,  5 rows 1950 -> 460,  64 rows 5720 -> 3870
   1536 x 512 (a qkv proj):  1 row 104 -> 79,   5 rows 197 -> 96,    64 rows 733 -> 639
-With 256 rows and more the two are alike, so prefill neither gains nor loses much.
+while on 2 older AVX2 cores the packed product lost at every shape (1 row: 8192 x 512 1483 ->
+1697, 1536 x 512 110 -> 207, 96 x 32 8.9 -> 63), and below d 384 it lost on the first machine
+too. So ``pack_weights=auto`` times both products once per layer shape and thread count, one
+row at a time as decoding runs them, and packs a layer only where the packed one is clearly
+faster (`packing_pays`); ``true`` packs every layer. With 256 rows and more the two are alike,
+so prefill neither gains nor loses much.
 
 ``packed_linears(model, ...)`` swaps every ``nn.Linear``'s forward for the packed product while
 it is open and restores them when it closes. The packed copies are kept per module and made
@@ -72,9 +78,10 @@ def check_pack(value, key: str = "pack_weights") -> None:
 
 
 def should_pack(models: list[nn.Module], enabled="auto") -> bool:
-    """``enabled``: "auto" packs fp32 CPU models on x86-64, where it was measured to help;
-    True packs wherever the ops work; False never. Never while autograd records (training),
-    under CPU autocast (the packed product is fp32 only) or for sharded (FSDP) parameters."""
+    """Whether any layer of ``models`` may be packed. ``enabled``: "auto" considers fp32 CPU
+    models on x86-64 (`chosen_linears` then keeps the layers where it pays); True packs
+    wherever the ops work; False never. Never while autograd records (training), under CPU
+    autocast (the packed product is fp32 only) or for sharded (FSDP) parameters."""
     check_pack(enabled)
     if enabled is False or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return False
@@ -110,6 +117,57 @@ def _packed_forward(linear: nn.Linear, packed: torch.Tensor, x: torch.Tensor) ->
     return _linear(x, packed, linear.bias)
 
 
+# packed must take under this share of F.linear's time for "auto" to pack a layer (the rest
+# is noise: a tie is left to F.linear, which needs no second copy of the weight)
+PAYS_BELOW = 0.9
+_pays: dict[tuple, bool] = {}
+
+
+def _time_one_row(out_features: int, in_features: int, bias: bool, samples: int = 7) -> tuple[float, float]:
+    """Median seconds of one row through ``F.linear`` and through the packed product, for a
+    random layer of this shape, the two interleaved so that other load hits both alike."""
+    import statistics
+    import time
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(out_features, in_features, generator=gen)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    x = torch.randn(1, 1, in_features, generator=gen)
+    calls = max(1, min(50, 500_000 // (out_features * in_features)))
+    with torch.inference_mode(False), torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
+        runs = {"plain": lambda: F.linear(x, w, b), "packed": lambda: _linear(x, packed, b)}
+        times: dict[str, list[float]] = {"plain": [], "packed": []}
+        for i in range(samples + 1):
+            for name, run in runs.items():
+                t = time.perf_counter()
+                for _ in range(calls):
+                    run()
+                if i:  # the first round warms up
+                    times[name].append((time.perf_counter() - t) / calls)
+    return statistics.median(times["plain"]), statistics.median(times["packed"])
+
+
+def packing_pays(linear: nn.Linear) -> bool:
+    """Whether the packed product decodes this layer's shape clearly faster than ``F.linear``
+    here: measured once per shape and thread count in a process (a few ms, 20 to 40 for an
+    LM head of 8,192 x 512)."""
+    key = (linear.out_features, linear.in_features, linear.bias is not None, torch.get_num_threads())
+    if key not in _pays:
+        plain, packed = _time_one_row(*key[:3])
+        _pays[key] = packed < PAYS_BELOW * plain
+    return _pays[key]
+
+
+def chosen_linears(models: list[nn.Module], enabled="auto") -> list[nn.Linear]:
+    """The layers `packed_linears` packs: none where `should_pack` says no; with ``enabled``
+    True every ``nn.Linear``; with "auto" those whose shape `packing_pays`."""
+    if not should_pack(models, enabled):
+        return []
+    linears = [m for model in models for m in model.modules() if type(m) is nn.Linear]
+    return linears if enabled is True else [m for m in linears if packing_pays(m)]
+
+
 @contextmanager
 def packed_linears(*models: nn.Module | None, enabled="auto", keep: bool = True) -> Iterator[bool]:
     """While open, every ``nn.Linear`` of ``models`` multiplies with its packed weight (see
@@ -118,12 +176,10 @@ def packed_linears(*models: nn.Module | None, enabled="auto", keep: bool = True)
     between samples would only pack them again)."""
     models = [m for m in models if m is not None]
     swapped: list[nn.Linear] = []
-    if should_pack(models, enabled):
-        for model in models:
-            for m in model.modules():
-                if type(m) is nn.Linear and "forward" not in m.__dict__:
-                    m.forward = functools.partial(_packed_forward, m, packed_weight(m))
-                    swapped.append(m)
+    for m in chosen_linears(models, enabled):
+        if "forward" not in m.__dict__ and m not in swapped:
+            m.forward = functools.partial(_packed_forward, m, packed_weight(m))
+            swapped.append(m)
     try:
         yield bool(swapped)
     finally:

@@ -72,7 +72,7 @@ def _apple_chip() -> tuple[str, int | None]:
     return brand, int(cores.group(1)) if cores else None
 
 
-def _probe(device_type: str, dtype: torch.dtype, n: int, reps: int, rounds: int = 5) -> tuple[float, float, float | None]:
+def _probe(device_type: str, dtype: torch.dtype, n: int, reps: int, rounds: int = 3) -> tuple[float, float, float | None]:
     """n x n matmuls after warm-up, in ``rounds`` rounds a little apart: the FLOP/s of the
     fastest one (the peak this device reaches), the spread of the rounds' best, and the other
     load on the machine meanwhile (`llmlab.perf`)."""
@@ -133,11 +133,13 @@ PROBE_SPREAD_LIMIT = 0.10
 
 @lru_cache(maxsize=None)
 def measured_matmul_peak(device_type: str, dtype: torch.dtype = torch.float32, n: int = 1024,
-                         reps: int = 10) -> tuple[float, str]:
+                         reps: int = 5) -> tuple[float, str]:
     """The reference peak of a CPU (or an unknown GPU), and a note on how it was taken.
 
-    The best of a few rounds of n x n matmuls, kept in the llmlab cache (``peak.json``) per
-    machine, thread count and torch build, so every run's MFU has the same denominator. A
+    The best of 3 rounds of 5 n x n matmuls (5 rounds of 10 found the same peak within 1%, in
+    2.5x the time, which every run on a busy machine paid), kept in the llmlab cache
+    (``peak.json``) per machine, thread count and torch build, so every run's MFU has the same
+    denominator. A
     probe taken under contention (other load above `llmlab.perf.CONTENDED`, or rounds that
     disagree by more than 10%) serves this process only and is not kept: the next run
     measures again. A run that reaches more than the peak raises it (`raise_peak`)."""
@@ -153,7 +155,7 @@ def measured_matmul_peak(device_type: str, dtype: torch.dtype = torch.float32, n
     return peak, "measured now"
 
 
-def raise_peak(device_type: str, dtype: torch.dtype, achieved: float, n: int = 1024, reps: int = 10) -> float:
+def raise_peak(device_type: str, dtype: torch.dtype, achieved: float, n: int = 1024, reps: int = 5) -> float:
     """A run reached ``achieved`` FLOP/s, more than the reference peak: that peak was measured
     too low (under contention, most likely). Measure again, and keep the highest of the old
     peak, the new probe and what the run reached (a rate a model reached is a lower bound of

@@ -161,10 +161,17 @@ def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(Non
     return root
 
 
-def test_report_writes_the_scaling_tables_and_figure(tmp_path):
-    fake_sweep(tmp_path / "sweep")
-    out = tmp_path / "report"
-    result = write_report([tmp_path / "sweep"], None, out)
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> tuple[dict, Path]:
+    """The report of the default fake sweep with all 200 replicates (its intervals are
+    asserted), written once for the tests that read it."""
+    root = tmp_path_factory.mktemp("full")
+    fake_sweep(root / "sweep")
+    return write_report([root / "sweep"], None, root / "out"), root / "out"
+
+
+def test_report_writes_the_scaling_tables_and_figure(full_report):
+    result, out = full_report
     section = result["scaling"]
     assert section["size_keys"] == ["model.d_model"] and section["budgets"] == list(BUDGETS)
     fits = section["variants"]
@@ -235,9 +242,8 @@ def test_budgets_are_read_as_train_reads_them(tmp_path):
         cells_of([bad])
 
 
-def test_the_fit_without_the_largest_budget_predicts_its_best_loss(tmp_path):
-    fake_sweep(tmp_path / "sweep")
-    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+def test_the_fit_without_the_largest_budget_predicts_its_best_loss(full_report):
+    result, out = full_report
     held = result["scaling"]["holdout"]
     assert [h["variant"] for h in held] == ["model/attention=mha", "model/attention=mla"]
     for h, surface in zip(held, SURFACES.values()):
@@ -248,9 +254,9 @@ def test_the_fit_without_the_largest_budget_predicts_its_best_loss(tmp_path):
         assert abs(h["error"]) < 0.005 and h["within_interval"], h
         lo, hi = h["interval"]
         assert lo < h["predicted"] < hi
-    saved = json.loads((tmp_path / "out" / "report.json").read_text())["scaling"]["holdout"]
+    saved = json.loads((out / "report.json").read_text())["scaling"]["holdout"]
     assert {"variant", "budget", "predicted", "interval", "observed"} <= set(saved[0])
-    assert "hold-out miss" not in (tmp_path / "out" / "report.md").read_text()
+    assert "hold-out miss" not in (out / "report.md").read_text()
 
 
 def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_path, few_replicates):

@@ -33,6 +33,42 @@ def test_x86_builds_with_onednn_pack():
             assert not packed
 
 
+@pytest.mark.skipif(not packing_supported(), reason="this torch build has no oneDNN packing")
+def test_auto_packs_the_layers_whose_shape_measured_faster(monkeypatch):
+    """"auto" packs a layer only where the timing of its shape says the packed product is
+    clearly faster (here: the 96-wide q/k/v projections only), times each shape once, and a
+    tie goes to F.linear."""
+    import llmlab.model.packing as pk
+    timed = []
+
+    def fake(out_features, in_features, bias):
+        timed.append((out_features, in_features))
+        if out_features == 96:  # clearly faster
+            return 1.0, 0.5
+        return 1.0, 0.95  # within noise: not worth a second copy
+    monkeypatch.setattr(pk, "_time_one_row", fake)
+    monkeypatch.setattr(pk, "_pays", {})
+    model = tiny_model()
+    with torch.no_grad(), packed_linears(model, enabled="auto") as packed:
+        assert packed
+        chosen = {(m.out_features, m.in_features) for m in swapped(model)}
+    assert chosen == {(96, 32)}
+    assert sorted(timed) == sorted({(m.out_features, m.in_features) for m in model.modules()
+                                    if isinstance(m, nn.Linear)})  # once per shape
+    with torch.no_grad(), packed_linears(model, enabled="auto"):
+        pass
+    assert len(timed) == len(set(timed))  # remembered: not timed again
+    with torch.no_grad(), packed_linears(model, enabled=True):  # true: every layer
+        assert len(swapped(model)) == sum(isinstance(m, nn.Linear) for m in model.modules())
+
+
+@pytest.mark.skipif(not packing_supported(), reason="this torch build has no oneDNN packing")
+def test_the_timing_runs_both_products():
+    import llmlab.model.packing as pk
+    plain, packed = pk._time_one_row(48, 32, True, samples=3)
+    assert 0 < plain < 1 and 0 < packed < 1
+
+
 @pytest.mark.parametrize("attn", KINDS, ids=[k["kind"] for k in KINDS])
 def test_packed_forward_matches_plain(attn):
     model = tiny_model(attention=attn, bias=True, init_std=0.3)

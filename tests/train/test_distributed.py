@@ -1,6 +1,6 @@
 """Training under torchrun, on the CPU with gloo: two processes follow the one-process loss
-curve across a resume, each with half the batch (DDP, FSDP2) or with half of every sequence
-(train.context_parallel=2, ring attention)."""
+curve through resumes, each with half the batch (DDP, FSDP2) or with half of every sequence
+(train.context_parallel=2, ring attention), each stage resuming from the one before."""
 
 import json
 import os
@@ -43,52 +43,61 @@ def losses(run: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> dict[int, float]:
     tmp = tmp_path_factory.mktemp("one")
-    r = run_cli("train", *common(tmp), "train.batch_size=4", "train.head_loss=plain", "hydra.run.dir=run", process=True, cwd=tmp)
+    r = run_cli("train", *common(tmp), "train.batch_size=4", "train.head_loss=plain", "hydra.run.dir=run", cwd=tmp)
     assert r.returncode == 0, r.stderr[-2000:]
     return losses(tmp / "run")
 
 
-PARALLEL = {  # how the two ranks share the one process's batch of 4 windows of 32 positions
-    "ddp": ["train.batch_size=2"],  # 2 windows each
-    "fsdp": ["train.batch_size=2", "train.fsdp=true"],
-    "context": ["train.batch_size=4", "train.context_parallel=2"],  # all 4 windows, 16 positions each (ring attention)
-}
+# How the two ranks share the one process's batch of 4 windows of 32 positions, and the step
+# each stage stops at (train.max_steps): each stage resumes from the checkpoint the one before
+# it wrote, in another way of splitting the work. train.fsdp and train.context_parallel are not
+# part of the run id, the batch per rank is: the last stage names the checkpoint it continues.
+STAGES = [
+    ("ddp", ["train.batch_size=2"], 3),  # 2 windows each
+    ("fsdp", ["train.batch_size=2", "train.fsdp=true"], 6),  # 2 windows each, parameters sharded
+    ("context", ["train.batch_size=4", "train.context_parallel=2", "train.resume=run/checkpoints/step_000006"],
+     STEPS),  # all 4 windows, 16 positions each
+]
 
 
-@pytest.mark.parametrize("parallel", list(PARALLEL))
-def test_two_ranks_follow_the_one_process_curve_across_a_resume(one_process, tmp_path, parallel):
-    """Same global batch: the loss at each of the first 10 steps agrees within 1e-5, though the
-    ranks fuse the head and loss and the one process does not. The run stops at step 5
-    (train.max_steps) and a second launch of the same command resumes it from its checkpoint."""
+def test_two_ranks_follow_the_one_process_curve_through_ddp_fsdp_and_context_parallel(one_process, tmp_path):
+    """Same global batch throughout: the loss at each of the 10 steps agrees with one process's
+    within 1e-5, though the ranks fuse the head and loss and the one process does not. DDP runs
+    steps 1-3 and saves; FSDP2 loads that checkpoint into sharded parameters, runs 4-6 and saves
+    from them; two ranks sharing each sequence (ring attention) load FSDP's checkpoint and
+    finish. The finished run is then not trained again."""
     # the ranks use the fused head-and-loss (its gradients reach DDP's and FSDP's hooks from a
     # custom autograd function); the one process the plain head
-    fsdp = parallel == "fsdp"
-    args = [*common(tmp_path), *PARALLEL[parallel], "train.head_loss=fused", "hydra.run.dir=run"]
-    first = torchrun(*args, "train.max_steps=5", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "stopped by train.max_steps=5" in first.stdout
-    if parallel == "context":
-        assert "2 ranks, DDP, each sequence split across 2 of them (ring attention, 16 positions each)" in first.stdout
-    second = torchrun(*args, cwd=tmp_path)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stdout and "at step 5" in second.stdout
-
-    got = losses(tmp_path / "run")
-    assert sorted(got) == list(range(1, STEPS + 1))  # the resumed run's records replace nothing twice
-    for step in range(1, STEPS + 1):
-        assert got[step] == pytest.approx(one_process[step], abs=1e-5), step
+    base = [*common(tmp_path), "train.head_loss=fused", "hydra.run.dir=run"]
+    stopped_at = 0
+    for parallel, split, stop in STAGES:
+        args = [*base, *split, *([f"train.max_steps={stop}"] if stop < STEPS else [])]
+        r = torchrun(*args, cwd=tmp_path)
+        assert r.returncode == 0, (parallel, r.stderr[-3000:])
+        if stopped_at:
+            assert "resumed from" in r.stdout and f"at step {stopped_at}" in r.stdout, (parallel, r.stdout)
+        if stop < STEPS:
+            assert f"stopped by train.max_steps={stop}" in r.stdout, (parallel, r.stdout)
+        if parallel == "context":
+            assert "2 ranks, DDP, each sequence split across 2 of them (ring attention, 16 positions each)" in r.stdout
+        if parallel == "fsdp":
+            assert "2 ranks, FSDP2" in r.stdout, r.stdout
+        stopped_at = stop
+        got = losses(tmp_path / "run")
+        assert sorted(got) == list(range(1, stop + 1)), parallel  # a resumed run's records replace nothing twice
+        for step in range(1, stop + 1):
+            assert got[step] == pytest.approx(one_process[step], abs=1e-5), (parallel, step)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["parallel"] == ("fsdp" if fsdp else "ddp")
+    assert summary["world_size"] == 2 and summary["parallel"] == "ddp" and summary["context_parallel"] == 2
     assert summary["steps"] == STEPS and summary["tokens"] == STEPS * 4 * 32
     # only rank 0 writes: one run directory, one log line per step, nothing else in outputs/
     assert not (tmp_path / "outputs").exists()
-    assert second.stdout.count("done: ") == 1
+    assert r.stdout.count("done: ") == 1
 
-    assert summary["context_parallel"] == (2 if parallel == "context" else 1)
-    if parallel == "ddp":  # once is enough: a finished run is not trained again
-        third = torchrun(*args, cwd=tmp_path)
-        assert third.returncode == 0 and "finished already" in third.stdout
-        assert losses(tmp_path / "run") == got
+    # a finished run is not trained again (the run directory holds the last stage's config now)
+    again = torchrun(*base, "train.batch_size=4", "train.context_parallel=2", cwd=tmp_path)
+    assert again.returncode == 0 and "finished already" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert losses(tmp_path / "run") == got
 
 
 @pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (2, 2), ("llmlab: error: bad", 1)])

@@ -25,11 +25,14 @@ from llmlab.train.recovery import completeness, recover_checkpoints
 from tests.conftest import REPO, SAMPLE_TEXTS, run_cli, tiny_model
 from tests.test_cli import TINY, one_line_error
 
-# A script that saves step 60 once, then re-saves it over and over with new weights: the parent
-# kills it with SIGKILL at random moments, so some kills land inside a replacement.
+# A process that imports torch once, then for each line on stdin forks a child that saves step
+# 60 once, then re-saves it over and over with new weights; the test kills that child with
+# SIGKILL at random moments, so some kills land inside a replacement. (A fresh interpreter per
+# kill cost 3 to 5 s of torch's import each.)
 RESAVER = """
-import sys, torch
+import os, sys, torch
 from pathlib import Path
+torch.set_num_threads(1)  # no thread pool to carry across the forks
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.train.checkpoint import save_checkpoint
 from tests.conftest import tiny_model
@@ -37,16 +40,24 @@ root = Path(sys.argv[1])
 tok = TOKENIZER.build(TOKENIZER.config({"kind": "byte"}, "tokenizer")).make()
 tok.save(root / "tok.json")
 model = tiny_model(seed=0, vocab_size=tok.vocab_size)
-opt = torch.optim.AdamW(model.parameters())
-i = 0
-while True:
-    with torch.no_grad():
-        model.embed.weight.fill_(float(i))
-    save_checkpoint(root / "checkpoints", 60, model, model.spec.to_dict(), {"seed": 0}, root / "tok.json",
-                    state={"round": i}, trainer_state={"optimizer": opt.state_dict()})
-    if i == 0:
-        print("first", flush=True)
-    i += 1
+# an optimizer's state in the shape AdamW's takes (building one would import torch._dynamo)
+opt = {"state": {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                 for i, p in enumerate(model.parameters())},
+       "param_groups": [{"lr": 1e-3, "params": list(range(len(list(model.parameters()))))}]}
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        i = 0
+        while True:
+            with torch.no_grad():
+                model.embed.weight.fill_(float(i))
+            save_checkpoint(root / "checkpoints", 60, model, model.spec.to_dict(), {"seed": 0}, root / "tok.json",
+                            state={"round": i}, trainer_state={"optimizer": opt})
+            if i == 0:
+                print(f"first {os.getpid()}", flush=True)
+            i += 1
+    os.waitpid(pid, 0)
+    print("reaped", flush=True)
 """
 
 
@@ -56,20 +67,27 @@ def test_kill_9_during_resaves_always_leaves_a_complete_step(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rng = random.Random(0)
     rounds = set()
-    for trial in range(8):  # delays up to 0.6 s: on a loaded machine one save can take a good part of 0.3 s
-        proc = subprocess.Popen([sys.executable, "-c", RESAVER, str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "first", proc.stderr.read()
-        time.sleep(rng.uniform(0.0, 0.6))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-        root = tmp_path / "checkpoints"
-        recover_checkpoints(root)
-        assert [p.name for p in list_checkpoints(root)] == ["step_000060"], sorted(os.listdir(root))
-        assert sorted(p.name for p in root.iterdir()) == ["step_000060"]  # no leftovers either
-        ckpt = load_checkpoint(root / "step_000060")
-        assert ckpt.weights["embed.weight"].unique().tolist() == [float(ckpt.state["round"])]
-        rounds.add(ckpt.state["round"])
+    forker = subprocess.Popen([sys.executable, "-c", RESAVER, str(tmp_path)], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for trial in range(8):  # delays up to 0.6 s: on a loaded machine one save can take a good part of 0.3 s
+            forker.stdin.write("go\n")
+            forker.stdin.flush()
+            first = forker.stdout.readline().split()
+            assert first[:1] == ["first"], forker.stderr.read() if forker.poll() is not None else first
+            time.sleep(rng.uniform(0.0, 0.6))
+            os.kill(int(first[1]), signal.SIGKILL)
+            assert forker.stdout.readline().strip() == "reaped"  # the child is gone: nothing writes now
+            root = tmp_path / "checkpoints"
+            recover_checkpoints(root)
+            assert [p.name for p in list_checkpoints(root)] == ["step_000060"], sorted(os.listdir(root))
+            assert sorted(p.name for p in root.iterdir()) == ["step_000060"]  # no leftovers either
+            ckpt = load_checkpoint(root / "step_000060")
+            assert ckpt.weights["embed.weight"].unique().tolist() == [float(ckpt.state["round"])]
+            rounds.add(ckpt.state["round"])
+    finally:
+        forker.kill()
+        forker.communicate(timeout=60)
     assert len(rounds) > 1  # the kills hit different saves
 
 
@@ -192,23 +210,21 @@ def test_a_real_full_device_gives_one_line_and_a_failed_sweep_job(tmp_path):
     EFBIG on any file over it), which is a real fault too."""
     small = tmp_path / "small"
     mounted = tmpfs(small, "400k")
+    # a file-size limit needs a process of its own; a small device serves this one as well
     limit = None if mounted else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000)))
     try:
         data = ["data=text", f"data.paths=[{corpus(tmp_path)}]", *TINY, "train.steps=4", "train.eval_every=0"]
-        env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "WANDB_MODE": "disabled",
-               "PYTHONPATH": str(REPO)}
         # a model whose files (about 3 MB) cannot fit; one of d_model 16 (about 0.1 MB) can
         big = ["model.d_model=128"]
-        r = subprocess.run([sys.executable, "-m", "llmlab", "train", *data, *big, f"hydra.run.dir={small}/run"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+        r = run_cli("train", *data, *big, f"hydra.run.dir={small}/run", cwd=tmp_path, process=not mounted,
+                    preexec_fn=limit)
         line = one_line_error(r, 1, "cannot write checkpoint", "the last complete checkpoint is none")
         assert ("the device is full" in line) if mounted else ("file-size limit" in line or "full" in line)
         assert not list((small / "run" / "checkpoints").glob(".tmp-*"))  # nothing half-written stays
 
         sweep = small / "sweep"
-        r = subprocess.run([sys.executable, "-m", "llmlab", "train", "-m", *data, "model.d_model=16,128",
-                            f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300, preexec_fn=limit)
+        r = run_cli("train", "-m", *data, "model.d_model=16,128", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+                    process=not mounted, preexec_fn=limit)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         (failed,) = sweep.glob("1_*/failed.txt")
         assert "cannot write checkpoint" in failed.read_text()
