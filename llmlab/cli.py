@@ -172,13 +172,58 @@ def preflight(command: str, args: list[str]) -> None:
             except UserError as e:
                 fail(str(e), 2)
             except (HydraException, OmegaConfBaseException) as e:
-                fail(_explain(e, combo, compose_with), 2)
+                fail(_group_value_error(combo, command) or _explain(e, combo, compose_with), 2)
+            except (ValueError, TypeError):  # Hydra on a group given a number, null or a list of them
+                line = _group_value_error(combo, command)
+                if line is None:
+                    raise
+                fail(line, 2)
             if i == 0 and extra and composed is None:
                 overrides = combo + extra
                 try:
                     compose_all(overrides)
                 except (HydraException, OmegaConfBaseException) as e:
                     fail(_explain(e, overrides, compose_all), 2)
+
+
+def _group_value_error(overrides: list[str], command: str = "train") -> str | None:
+    """One line for a config group given a value that is not an option's name (``norm=inf``,
+    ``model/ffn=-1``, ``objective=null``, which Hydra reads as a number or null and refuses with
+    a ValueError): the group and its options. None when no override is such a case."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not GlobalHydra.instance().is_initialized():  # after Hydra's own app gave up
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=command):
+            return _group_value_error(overrides, command)
+    loader = GlobalHydra.instance().config_loader()
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            o = parser.parse_override(text)
+        except Exception:
+            continue
+        value = o.value()
+        if isinstance(value, str) or o.is_sweep_override():
+            continue
+        group = o.key_or_group
+        options = loader.get_group_options(group)
+        if not options:
+            continue
+        try:  # the groups this command composes, from its config without this override
+            from hydra import compose
+            cfg = compose(config_name=command, overrides=[t for t in overrides if t != text], return_hydra_config=True)
+            groups = sorted(g for g in cfg.hydra.runtime.choices if not g.startswith("hydra"))
+        except Exception:
+            groups = None
+        if groups is not None and group not in groups:
+            return f"{group}: llmlab {command} has no such config group; its groups: {', '.join(groups)}"
+        shown = text.partition("=")[2]
+        what = "takes one option, not a list" if isinstance(value, list) else "is not an option of this group"
+        return f"{group}: '{shown}' {what}; allowed: {', '.join(sorted(options))}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,8 +284,13 @@ def main(argv: list[str] | None = None) -> None:
                 GlobalHydra.instance().clear()
                 app()  # the config names a kind written as one file: now loaded
         except Exception as e:  # Hydra's MissingConfigException is an OSError too: config errors first
-            if showing and _is_config_error(e):
-                fail(_explain(e, split_args(rest)[0], _composer(command)), 2)
+            if showing and (_is_config_error(e) or isinstance(e, (ValueError, TypeError))):
+                from llmlab.registry import Registry
+                Registry.load_all()  # every kind's option, the one-file ones too
+                line = _group_value_error(split_args(rest)[0], command)
+                if line is None and not _is_config_error(e):
+                    raise
+                fail(line or _explain(e, split_args(rest)[0], _composer(command)), 2)
             if isinstance(e, OSError):
                 from llmlab.files import disk_error
                 problem = disk_error(e, "a file")

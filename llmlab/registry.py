@@ -154,6 +154,9 @@ def _name(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
+INT64 = 2 ** 63  # what torch and numpy hold: an integer setting past it overflows where it is used
+
+
 def _check(obj: Any, prefix: str) -> None:
     """What a type cannot say: a declared choice or range, no setting means infinity or NaN (a
     budget says "none" with null), and a `Checked` dataclass's own ``check(prefix)``
@@ -170,6 +173,9 @@ def _check(obj: Any, prefix: str) -> None:
                               f"{', '.join(f'model.{n}' for n in relative)} such as {relative[0]}/4, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be a finite number, got {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+            raise ConfigError(f"{join_key(prefix, f.name)}: {value} is out of range; an integer setting is "
+                              f"between {-INT64:,} and {INT64 - 1:,}")
         bounds = _declared(type(obj), f.name, "range")
         if bounds is not None and value is not None and not _in_range(value, bounds):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be {_range_text(bounds, f.default is None)}, "

@@ -105,6 +105,15 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
                                     "train.steps=[1,2]"]),
     (["train", "seed=range(3)", "hydra.run.dir=x"], ["seed: 'range(3)' gives several values"]),
     (["eval", "ckpt=a,b"], ["ckpt: 'a,b' gives several values", "llmlab eval -m ckpt=a,b"]),
+    # a config group given a number, null or a list (Hydra raises ValueError or TypeError)
+    (["train", "norm=inf"], ["norm: 'inf' is not an option of this group; allowed: ", "post, pre"]),
+    (["train", "model/ffn=-1"], ["model/ffn: '-1' is not an option of this group", "swiglu"]),
+    (["train", "objective=null"], ["objective: 'null' is not an option of this group; allowed: clm, mlm"]),
+    (["train", "model/attention=[mha,gqa]"], ["model/attention: '[mha,gqa]' takes one option, not a list"]),
+    (["train", "--cfg", "job", "pos=nan"], ["pos: 'nan' is not an option of this group", "rope"]),
+    (["eval", "norm=inf"], ["norm: llmlab eval has no such config group; its groups: "]),
+    # an integer past int64 overflows where it is used
+    (["train", "train.grad_accum=99999999999999999999"], ["train.grad_accum: 99999999999999999999 is out of range"]),
     # Hydra's own settings are checked too
     (["train", "-m", "seed=0,1", "hydra.callbacks.report.baselin=x"],
      ["hydra.callbacks.report.baselin: unknown key", "_target_, baseline"]),
