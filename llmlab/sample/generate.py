@@ -30,7 +30,10 @@ def penalize(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) ->
     if seen is None or penalty == 1.0:
         return logits
     logits = logits.float()
-    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    penalized = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    # a penalty near 0 or past 1e38 overflows: the largest finite logit says the same
+    big = torch.finfo(penalized.dtype).max
+    return penalized.nan_to_num(nan=-big, posinf=big, neginf=-big).where(logits.isfinite(), logits)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
@@ -63,7 +66,9 @@ def token_probs(logits: torch.Tensor, cfg: SamplingConfig, seen: torch.Tensor | 
     logits = penalize(logits.float(), seen, cfg.repetition_penalty)
     if cfg.temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    logits = filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p)
+    # shifted so the largest logit is 0 before dividing: the same distribution, and a temperature
+    # near 0 sends the others to -inf (greedy) instead of every logit to inf (NaN probabilities)
+    logits = filter_logits((logits - logits.amax(dim=-1, keepdim=True)) / cfg.temperature, cfg.top_k, cfg.top_p)
     return filter_min_p(logits, cfg.min_p).softmax(dim=-1)
 
 

@@ -152,15 +152,30 @@ class JsonlWriter:
         path = Path(path)
         if not path.is_file():
             return []
-        kept, records = [], []
-        for line in path.read_text().splitlines():
+        data = path.read_bytes()
+        lines = data.split(b"\n")
+        kept, records, bad = [], [], []
+        for number, raw in enumerate(lines, 1):
+            if not raw.strip():
+                continue
             try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
+                record = json.loads(raw.decode("utf-8"))
+                if not isinstance(record, dict) or isinstance(record.get("step", 0), bool) \
+                        or not isinstance(record.get("step", 0), (int, float)):
+                    raise ValueError("not a record with a numeric step")
+            except ValueError:  # UnicodeDecodeError included
+                if number < len(lines):  # the unterminated last line is one a crash cut short
+                    bad.append(number)
+                continue
             if record.get("step", 0) > step:
                 continue
-            kept.append(line + "\n")
+            kept.append(raw.decode("utf-8") + "\n")
             records.append(record)
+        if bad:  # kept whole beside it, never dropped without a word
+            aside = path.with_name(f"{path.name}.damaged")
+            aside.write_bytes(data)
+            shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            console.err.print(f"{path}: {len(bad)} line(s) that are not JSON records (line {shown}) are left out; "
+                              f"the file as it was is kept as {aside}", style="yellow")
         atomic_write_text(path, "".join(kept))
         return records

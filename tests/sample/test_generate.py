@@ -26,6 +26,29 @@ def test_repetition_penalty_follows_ctrl():
     assert torch.allclose(p[0], expected)
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 1e-8])
+def test_a_temperature_near_zero_is_greedy_not_nan(temperature):
+    """Logits divided by 1e-40 overflow to inf and their softmax is NaN: the distribution is
+    taken from the logits less their maximum, so it ends one-hot on the arg-max (ties share)."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [1.0, 4.0, 4.0, -50.0]])
+    p = token_probs(logits, SamplingConfig(temperature=temperature, top_p=0.9, min_p=0.1))
+    assert torch.equal(p, torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.5, 0.5, 0.0]]))
+    assert torch.multinomial(p, 1).tolist() in ([[3], [1]], [[3], [2]])
+
+
+def test_a_repetition_penalty_near_zero_or_huge_stays_finite():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    seen = seen_tokens(torch.tensor([[0, 1]]), 4)
+    for penalty in (1e-40, 1e39):
+        penalized = penalize(logits, seen, penalty)
+        assert penalized.isfinite().all()
+        p = token_probs(logits, SamplingConfig(temperature=0.7, repetition_penalty=penalty), seen)
+        assert p.isfinite().all() and torch.allclose(p.sum(-1), torch.ones(1))
+    # a tiny penalty sends a seen positive logit to the top, a huge one a seen negative to the bottom
+    assert penalize(logits, seen, 1e-40).argmax().item() == 0
+    assert penalize(logits, seen, 1e39)[0, 1] == -torch.finfo(torch.float32).max
+
+
 def test_filters_compose_and_greedy_is_one_hot():
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
     p = token_probs(logits, SamplingConfig(temperature=1.0, top_k=3, top_p=0.6))

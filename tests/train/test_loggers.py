@@ -69,3 +69,24 @@ def test_jsonl_writer(tmp_path):
     w.close()
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in rows] == [2.5, 2.0] and all("time" in r for r in rows)
+
+
+def test_truncate_after_keeps_the_earlier_records_and_sets_damaged_lines_aside(tmp_path, capsys):
+    """A resume drops the records after its step. A line that is not a JSON record (bytes that
+    are not UTF-8, a list, a step that is not a number) is left out with a warning naming the
+    line, and the file as it was is kept beside it; a last line a crash cut short goes quietly."""
+    path = tmp_path / "metrics.jsonl"
+    original = (b'{"step": 1, "loss": 2.5}\n\xff\xfe not utf-8\n[1, 2]\n{"step": "two"}\n'
+                b'{"step": 2, "loss": 2.0}\n{"step": 3, "loss": 1.5}\n{"step": 4, "lo')
+    path.write_bytes(original)
+    records = JsonlWriter.truncate_after(path, 2)
+    assert [r["step"] for r in records] == [1, 2]
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert (tmp_path / "metrics.jsonl.damaged").read_bytes() == original
+    err = capsys.readouterr().err
+    assert "3 line(s) that are not JSON records (line 2, 3, 4) are left out" in " ".join(err.split())
+    # a clean file with a cut last line: no warning, nothing set aside
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b'{"step": 1}\n{"step": 2}\n{"st')
+    assert [r["step"] for r in JsonlWriter.truncate_after(clean, 5)] == [1, 2]
+    assert not (tmp_path / "clean.jsonl.damaged").exists() and "not JSON records" not in capsys.readouterr().err
