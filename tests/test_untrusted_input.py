@@ -172,6 +172,23 @@ def test_a_malformed_local_jsonl_dataset(tmp_path):
     one_line_error(r, 1, "data.path: cannot load")
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_shard_with_ids_past_the_vocabulary_is_one_line(trained, tmp_path, split):  # noqa: F811
+    """Bytes of the right size that decode to ids at or above the vocabulary (a damaged shard):
+    one line naming the entry, before an embedding lookup fails (a device-side assert on CUDA)."""
+    import numpy as np
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    shard = entry / split / "000000.bin"
+    ids = np.fromfile(shard, dtype=np.uint16)
+    ids[::7] = 65535  # every seventh id, so that every training batch meets one
+    ids.tofile(shard)
+    r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=2", cwd=tmp_path)
+    one_line_error(r, 1, f"{entry} ({split} split) holds token id 65535, past the vocabulary", "delete")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
 def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: F811
     root, _ = trained

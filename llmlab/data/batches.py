@@ -15,6 +15,15 @@ def check_length(tokens: np.ndarray, block: int, split: str) -> None:
             f"model.max_seq_len+1={block + 1}; give more text or lower model.max_seq_len")
 
 
+def check_ids(tokens, vocab: int, source: str) -> None:
+    """Every id in ``tokens`` (an array, or a `TokenStore`'s shards one at a time) below
+    ``vocab``, or one line naming where the data came from."""
+    top = max((int(a.max()) for a in getattr(tokens, "arrays", [tokens]) if a.size), default=-1)
+    if top >= vocab:
+        raise UserError(f"data: {source} holds token id {top}, past the vocabulary of {vocab:,}: "
+                        "the cache entry is damaged; delete it to prepare the data again")
+
+
 class RandomWindows:
     """Uniformly random windows of ``block + 1`` tokens; inputs are the first ``block``,
     targets the last ``block`` (inputs shifted by one).
@@ -25,17 +34,24 @@ class RandomWindows:
     what one process with batch N*b sees. The generator's state is part of a checkpoint, so
     resume continues the same stream."""
 
-    def __init__(self, tokens: np.ndarray, block: int, batch: int, seed: int, rank: int = 0, world: int = 1):
+    def __init__(self, tokens: np.ndarray, block: int, batch: int, seed: int, rank: int = 0, world: int = 1,
+                 vocab: int | None = None, source: str = "the train split"):
         check_length(tokens, block, "train")
         self.tokens, self.block, self.batch = tokens, block, batch
         self.rank, self.world = rank, world
+        self.vocab, self.source = vocab, source
         self.rng = np.random.default_rng([seed, 0])
 
     def next_window(self) -> torch.Tensor:
-        """(batch, block + 1) token ids; an objective turns them into inputs and targets."""
+        """(batch, block + 1) token ids; an objective turns them into inputs and targets. Each
+        batch's ids are checked against ``vocab`` (one max over the batch): an id past the
+        embedding is a damaged shard, which on CUDA would be a device-side assert."""
         starts = self.rng.integers(0, len(self.tokens) - self.block, size=self.batch * self.world)
         starts = starts[self.rank * self.batch:(self.rank + 1) * self.batch]
-        return torch.from_numpy(np.stack([self.tokens[s:s + self.block + 1] for s in starts]).astype(np.int64))
+        window = np.stack([self.tokens[s:s + self.block + 1] for s in starts])
+        if self.vocab is not None:
+            check_ids(window, self.vocab, self.source)
+        return torch.from_numpy(window.astype(np.int64))
 
     def state_dict(self) -> dict:
         """Where the window stream is: numpy's generator state (JSON-safe)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from llmlab.data.batches import check_ids
 from llmlab.data.documents import pieces, read_file
 from llmlab.data.prepare import Prepared, cache_root, prepare
 from llmlab.errors import UserError
@@ -30,7 +31,9 @@ def eval_tokens(ckpt, text: str | None = None, split: str = "val", data: Any = N
     if prepared is None:
         prepared = prepare(data or trusted_data(ckpt),
                            {"kind": "pretrained", "path": str(ckpt.tokenizer_path), "eos": tok.eos}, cache_dir)
-    return prepared.tokens(split), prepared.meta[split]["bytes"], f"{prepared.meta['settings']['data']['kind']}:{split}"
+    tokens = prepared.tokens(split)
+    check_ids(tokens, prepared.vocab_size, f"{prepared.path} ({split} split)")
+    return tokens, prepared.meta[split]["bytes"], f"{prepared.meta['settings']['data']['kind']}:{split}"
 
 
 def trusted_data(ckpt) -> dict[str, Any]:

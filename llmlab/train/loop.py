@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from llmlab import console
-from llmlab.data.batches import RandomWindows, check_length
+from llmlab.data.batches import RandomWindows, check_ids, check_length
 from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError
 from llmlab.files import RunLock, atomic_write_text, disk_error
@@ -157,10 +157,11 @@ class Trainer:
         self.train_tokens, self.val_tokens = prepared.tokens("train"), prepared.tokens("val")
         self._token_counts = None  # counted at the first save
         check_length(self.val_tokens, seq_len, "val")
+        check_ids(self.val_tokens, prepared.vocab_size, f"{prepared.path} (val split)")  # once: eval reads it all
         # ranks that share a sequence (train.context_parallel) read the same windows and masks
         self.tokens_per_step = loop.batch_size * job.grad_accum * seq_len * dist.data_world
         self.sampler = RandomWindows(self.train_tokens, seq_len, loop.batch_size, job.seed, dist.data_rank,
-                                     dist.data_world)
+                                     dist.data_world, vocab=prepared.vocab_size, source=f"{prepared.path} (train split)")
         self.random = RankRandom(job.seed, dist.data_rank)
         self.tokenizer = prepared.tokenizer()
         self.bytes_per_token_val = prepared.bytes_per_token("val")
