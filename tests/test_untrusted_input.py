@@ -189,6 +189,25 @@ def test_a_shard_with_ids_past_the_vocabulary_is_one_line(trained, tmp_path, spl
     one_line_error(r, 1, f"{entry} ({split} split) holds token id 65535, past the vocabulary", "delete")
 
 
+@pytest.mark.parametrize("damage", ["deleted", "a folder"])
+def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained, tmp_path, damage):  # noqa: F811
+    """An entry whose meta.json is gone (or is a folder) is not an entry: it is moved aside
+    under a name that says so, with a warning, and the data is prepared again."""
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    (entry / "meta.json").unlink()
+    if damage == "a folder":
+        (entry / "meta.json").mkdir()
+    r = run_cli("tokenize", "data=text", f"data.paths=[{root / 'corpus'}/*]", "tokenizer=byte", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    (aside,) = [p for p in cache.iterdir() if p.name.startswith(f".damaged-{entry.name}-")]
+    assert f"cache entry {entry} has no readable meta.json: set aside as {aside}" in " ".join(r.stderr.split())
+    assert (aside / "train" / "000000.bin").is_file()  # kept as it was
+    assert (entry / "meta.json").is_file()  # prepared again
+
+
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
 def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: F811
     root, _ = trained

@@ -126,6 +126,11 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
             if (final / "meta.json").is_file():  # a twin process finished it while this one waited
                 shutil.rmtree(partial, ignore_errors=True)  # a directory made after the twin's rename
                 return Prepared(final, read_meta(final))
+            if final.exists() or final.is_symlink():  # an entry without its meta.json: damaged or cut short
+                aside = root / f".damaged-{key}-{time.strftime('%Y%m%d-%H%M%S')}"
+                os.rename(final, aside)
+                console.err.print(f"cache entry {final} has no readable meta.json: set aside as {aside} (delete it "
+                                  "when you no longer need it); preparing the data again", style="yellow")
             held = describe_resume(partial)
             if held and not quiet:
                 console.err.print(f"continuing an interrupted preparation of {key}: {held} are kept", highlight=False)
