@@ -208,6 +208,34 @@ def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained,
     assert (entry / "meta.json").is_file()  # prepared again
 
 
+@pytest.mark.parametrize("field, value, named", [
+    ("timings.total_s", "x", "timings must be a mapping of seconds"),
+    ("train.docs", "12", "train.docs must be a count"),
+    ("val.tokens", -5, "val.tokens must be a count"),
+    ("vocab_size", 0, "vocab_size must be a positive integer"),
+    ("dtype", "float64", "dtype must be uint16 or uint32"),
+    ("tokenizer_sample", {"bytes": "many"}, "tokenizer_sample must be null or a mapping"),
+    ("train.shards", [{"file": "000000.bin"}], "train.shards must be a list of shards"),
+])
+@pytest.mark.parametrize("command", ["tokenize", "train"])
+def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, field, value, named, command):  # noqa: F811
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    meta = json.loads((entry / "meta.json").read_text())
+    *parents, last = field.split(".")
+    node = meta
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    (entry / "meta.json").write_text(json.dumps(meta))
+    data = ["data=text", f"data.paths=[{root / 'corpus'}/*]"]
+    args = [*data, "tokenizer=byte"] if command == "tokenize" else [*data, *TINY, "train.steps=2"]
+    r = run_cli(command, *args, cwd=tmp_path)
+    one_line_error(r, 1, f"{entry / 'meta.json'}: {named}", "delete")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
 def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: F811
     root, _ = trained

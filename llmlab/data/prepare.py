@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 import numpy as np
 from rich.table import Table
@@ -177,7 +178,47 @@ def read_meta(entry: Path) -> dict[str, Any]:
                         "again to prepare the data anew") from None
     if not isinstance(meta, dict):
         raise UserError(f"data: {entry / 'meta.json'} is not a JSON object; delete {entry} and run again")
+    check_meta(meta, entry)
     return meta
+
+
+def check_meta(meta: dict[str, Any], entry: Path) -> None:
+    """What the commands read of a cache entry's meta.json, each field of the type the builder
+    writes, so that a hand-edited or damaged one is one line naming the field, whichever
+    command reads it first (the shard names and sizes are checked where the shards are read)."""
+    def bad(field: str, expected: str) -> NoReturn:
+        raise UserError(f"data: {entry / 'meta.json'}: {field} must be {expected}; the cache entry is damaged: delete "
+                        f"{entry} and run again to prepare the data anew")
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    def seconds(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+    if not count(meta.get("vocab_size")) or meta["vocab_size"] < 1:
+        bad("vocab_size", "a positive integer")
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        bad("dtype", "uint16 or uint32")
+    if meta.get("eos") is not None and not isinstance(meta["eos"], str):
+        bad("eos", "a string or null")
+    for split in ("train", "val"):
+        info = meta.get(split)
+        if not isinstance(info, dict):
+            bad(split, "a mapping")
+        for key in ("tokens", "bytes", "docs"):
+            if not count(info.get(key)):
+                bad(f"{split}.{key}", "a count (an integer >= 0)")
+        shards = info.get("shards", [])
+        if not isinstance(shards, list) or not all(isinstance(sh, dict) and count(sh.get("tokens")) for sh in shards):
+            bad(f"{split}.shards", "a list of shards, each with its token count")
+    timings = meta.get("timings", {})
+    if not isinstance(timings, dict) or not all(seconds(v) for v in timings.values()):
+        bad("timings", "a mapping of seconds (numbers >= 0)")
+    sample = meta.get("tokenizer_sample")
+    if sample is not None and not (isinstance(sample, dict) and seconds(sample.get("bytes"))
+                                   and (sample.get("of") is None or seconds(sample.get("of")))):
+        bad("tokenizer_sample", "null or a mapping with its bytes")
 
 
 def print_summary(prepared: Prepared, cached: bool = False) -> None:
@@ -199,5 +240,5 @@ def print_summary(prepared: Prepared, cached: bool = False) -> None:
             if sample else "")
     encode = t["train_encode_s"] + t.get("val_encode_s", 0)
     console.out.print(f"vocab {m['vocab_size']:,} ({m['dtype']}); tokenizer {t['tokenizer_s']:.1f}s{used}, "
-                      f"encode {encode:.1f}s ({sum(len(m[s]['shards']) for s in ('train', 'val'))} shards), "
-                      f"total {t['total_s']:.1f}s")
+                      f"encode {encode:.1f}s ({sum(len(m[s].get('shards', [])) for s in ('train', 'val'))} shards), "
+                      f"total {t.get('total_s', 0):.1f}s")
