@@ -98,6 +98,12 @@ def _rewrite_manifest(ckpt: Path) -> None:
     ("state-list", "state.json holds a JSON list, not an object"),
     ("vocab", "its tokenizer.json has"),
     ("regex", "the tokenizer failed on this text"),
+    # model.json edited, its manifest rewritten to agree (a crafted or hand-edited checkpoint)
+    ("model-list", "model.json: model must be a mapping of settings"),
+    ("attention-string", "model.json: attention must be a mapping of settings"),
+    ("objective-list", "model.json: objective must be a mapping of settings"),
+    ("vocab-text", "model.json: vocab_size must be a positive integer"),
+    ("step", "is named for step 6 but its state.json records step 2"),
 ])
 def test_a_damaged_or_hostile_checkpoint_is_one_line(trained, tmp_path, damage, fragment):  # noqa: F811
     ckpt = copy_checkpoint(trained, tmp_path)
@@ -108,6 +114,16 @@ def test_a_damaged_or_hostile_checkpoint_is_one_line(trained, tmp_path, damage, 
         factory = TOKENIZER.build(TOKENIZER.config({"kind": "bpe", "vocab_size": 400}, "tokenizer"))
         factory.make(lambda: iter([["some text to learn from " * 50, "abcdefghijklmnopqrstuvwxyz" * 20]])).save(
             ckpt / "tokenizer.json")
+    elif damage in ("model-list", "attention-string", "objective-list", "vocab-text"):
+        spec = json.loads((ckpt / "model.json").read_text())
+        field, value = {"model-list": ("model", [1, 2]), "attention-string": ("attention", "mha"),
+                        "objective-list": ("objective", []), "vocab-text": ("vocab_size", "big")}[damage]
+        spec[field] = value
+        (ckpt / "model.json").write_text(json.dumps(spec))
+    elif damage == "step":  # a step_000006 that holds step 2
+        ckpt = ckpt.rename(tmp_path / "step_000006")
+        state = json.loads((ckpt / "state.json").read_text())
+        (ckpt / "state.json").write_text(json.dumps({**state, "step": 2}))
     else:  # a pre-tokenizer regex that exhausts the regex engine's retry limit
         tok = json.loads((ckpt / "tokenizer.json").read_text())
         tok["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+b"}, "behavior": "Isolated",

@@ -248,8 +248,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"ckpt: {p / 'model.safetensors'} is truncated or corrupt ({str(e).splitlines()[0]})") from e
     try:
-        spec = _json_object(p / "model.json")
+        spec = check_model_json(_json_object(p / "model.json"), p / "model.json")
         state = _json_object(p / "state.json")
+        check_step(state, p)
         # plain YAML: an interpolation or tag in a downloaded config stays literal text
         config = yaml.safe_load((p / "config.yaml").read_text()) or {}
         if not isinstance(config, dict):
@@ -260,6 +261,37 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise UserError(f"ckpt: {p} has an unreadable metadata file ({type(e).__name__}: "
                         f"{(str(e).splitlines() or [''])[0]})") from e
     return Checkpoint(p, spec, state, config, weights)
+
+
+# model.json's sections, each a mapping (a checkpoint from before objectives has none)
+SPEC_SECTIONS = ("model", "attention", "ffn", "norm", "pos", "objective")
+
+
+def check_model_json(spec: dict, path: Path) -> dict:
+    """The types of model.json's fields, before anything builds from them: an edited one (a
+    list where a section's mapping belongs, a vocabulary that is not a count) is one line
+    naming the field, not a TypeError inside the build."""
+    def bad(field: str, expected: str) -> UserError:
+        return UserError(f"ckpt: {path}: {field} must be {expected}; the checkpoint is damaged or was edited")
+
+    vocab = spec.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise bad("vocab_size", "a positive integer")
+    for section in SPEC_SECTIONS:
+        if section in spec and not isinstance(spec[section], dict) and not (section == "objective" and spec[section] is None):
+            raise bad(section, "a mapping of settings")
+    return spec
+
+
+def check_step(state: dict, path: Path) -> None:
+    """A checkpoint directory named for one step whose state.json records another was renamed
+    or edited: which one to believe is the user's call, not a guess."""
+    m = STEP_DIR.match(path.name)
+    step = state.get("step")  # a step that is not a count is the resume's to refuse, naming the part
+    if m and isinstance(step, int) and not isinstance(step, bool) and step != int(m.group(1)):
+        raise UserError(f"ckpt: {path} is named for step {int(m.group(1))} but its state.json records step {step!r}; "
+                        "the checkpoint was renamed or edited: rename the directory to the step it holds, or "
+                        "choose another checkpoint")
 
 
 def _json_object(path: Path) -> dict:

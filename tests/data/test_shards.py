@@ -262,7 +262,8 @@ def test_meta_json_names_only_the_entrys_own_shards(tmp_path, name):
     np.arange(10, dtype=np.uint16).tofile(entry / "train" / "000000.bin")
     meta = {"version": 3, "vocab_size": 257, "dtype": "uint16", "layout": "shards",
             "train": {"tokens": 10, "bytes": 10, "docs": 1,
-                      "shards": [{"file": name, "tokens": 10, "bytes": 10, "docs": 1}]}}
+                      "shards": [{"file": name, "tokens": 10, "bytes": 10, "docs": 1}]},
+            "val": {"tokens": 0, "bytes": 0, "docs": 0, "shards": []}}
     (entry / "meta.json").write_text(json.dumps(meta))
     p = prep.Prepared(entry, prep.read_meta(entry))
     with pytest.raises(UserError, match=r"damaged meta.json \(shard 0 is named .*, not '000000.bin'\)"):
