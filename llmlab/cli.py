@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in USAGE_COMMANDS:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
-    if {"-m", "--multirun"} & set(rest) and {"--cfg", "-c", "--info"} & set(rest):
+    if sweeping and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
     if not sweeping and not {"--help", "-h"} & set(rest):
         sweep = first_sweep(rest)

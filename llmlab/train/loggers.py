@@ -159,7 +159,8 @@ class JsonlWriter:
             if not raw.strip():
                 continue
             try:
-                record = json.loads(raw.decode("utf-8"))
+                text = raw.decode("utf-8")
+                record = json.loads(text)
                 if not isinstance(record, dict) or isinstance(record.get("step", 0), bool) \
                         or not isinstance(record.get("step", 0), (int, float)):
                     raise ValueError("not a record with a numeric step")
@@ -169,7 +170,7 @@ class JsonlWriter:
                 continue
             if record.get("step", 0) > step:
                 continue
-            kept.append(raw.decode("utf-8") + "\n")
+            kept.append(text + "\n")
             records.append(record)
         if bad:  # kept whole beside it, never dropped without a word
             aside = path.with_name(f"{path.name}.damaged")
