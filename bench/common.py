@@ -35,3 +35,16 @@ def write_result(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def train_config(overrides: list[str]) -> dict:
+    """``llmlab train``'s composed settings for ``overrides``, resolved, as the CLI composes them
+    (its schema and registered kinds first)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from llmlab.cli import register_parts
+    from llmlab.paths import conf_dir
+    register_parts("train")
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return OmegaConf.to_container(compose("train", overrides), resolve=True)

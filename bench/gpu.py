@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import write_result
+from bench.common import train_config, write_result
 
 GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024",
         "tokenizer.vocab_size=50257"]
@@ -75,13 +75,8 @@ def main() -> None:
             (r.get("perf/mem_gb", 0) for r in map(json.loads, (Path(tmp) / "run" / "metrics.jsonl").open())),
             default=None)
         os.environ["LLMLAB_CACHE"] = env["LLMLAB_CACHE"]
-        from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
-
-        from llmlab.paths import conf_dir
         from llmlab.data.prepare import prepare
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = OmegaConf.to_container(compose("train", overrides), resolve=True)
+        cfg = train_config(overrides)
         prepared = prepare(cfg["data"], cfg["tokenizer"], None)
         result.update(flash_check(cfg, prepared.vocab_size, args.batch_size))
         if not args.skip_plain:

@@ -30,18 +30,13 @@ from pathlib import Path
 
 import torch
 
-from bench.common import write_result
+from bench.common import train_config, write_result
 
 GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024"]
 
 
 def config(overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from llmlab.paths import conf_dir
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return OmegaConf.to_container(compose("train", overrides), resolve=True)
+    return train_config(overrides)
 
 
 def sdpa_context(backend: str | None):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import write_result
+from bench.common import train_config, write_result
 
 WIDTH, LAYERS, HEADS, BLOCK, BATCH = 128, 4, 4, 64, 12  # nanoGPT's CPU line: n_embd, n_layer, n_head, block, batch
 SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", f"model.max_seq_len={BLOCK}",
@@ -193,15 +193,8 @@ def main() -> None:
 
 def prepared_tokens(cache: str, overrides: list[str]):
     os.environ["LLMLAB_CACHE"] = cache
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from llmlab.cli import register_parts
     from llmlab.data.prepare import prepare
-    from llmlab.paths import conf_dir
-    register_parts("train")
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = OmegaConf.to_container(compose("train", ["model=gpt2", *SHAPE, *MODEL, *overrides]), resolve=True)
+    cfg = train_config(["model=gpt2", *SHAPE, *MODEL, *overrides])
     return prepare(cfg["data"], cfg["tokenizer"], None)
 
 

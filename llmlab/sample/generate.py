@@ -90,6 +90,15 @@ def _model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def grad_free(model):
+    """Inference mode, which skips autograd's bookkeeping per operation (version counters,
+    views): much of a small model's time per token. Sharded (FSDP2) parameters are gathered
+    into tensors whose version counters FSDP sets, which inference mode forbids: there, no_grad."""
+    if all(type(p.detach()) is torch.Tensor for p in model.parameters()):
+        return torch.inference_mode()
+    return torch.no_grad()
+
+
 @contextmanager
 def decoding(*models, pack="auto", keep: bool = True) -> Iterator[bool]:
     """The kernels decoding runs with: prepacked CPU weights (``llmlab.model.packing``) and, on
@@ -99,7 +108,6 @@ def decoding(*models, pack="auto", keep: bool = True) -> Iterator[bool]:
         yield packed
 
 
-@torch.no_grad()
 def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
              on_token: Callable[[torch.Tensor], None] | None = None, pack="auto") -> torch.Tensor:
@@ -109,14 +117,18 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     With the cache, the prompt is run once and each step feeds one token. When the context
     reaches ``model.max_seq_len``, the cache is refilled with the latest half window.
     ``pack``: prepacked CPU weights (``llmlab.model.packing``): "auto", True or False.
+
+    Decoding runs in inference mode (`grad_free`). The ids come back as an ordinary tensor, so
+    a caller may train on them (distillation on a teacher's text).
     """
     was_training = model.training
     model.eval()
     try:
-        with decoding(model, pack=pack, keep=not was_training):  # training: weights will change
-            return _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token)
+        with grad_free(model), decoding(model, pack=pack, keep=not was_training):  # training: weights will change
+            out = _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token)
     finally:
         model.train(was_training)
+    return out.clone()
 
 
 def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token) -> torch.Tensor:

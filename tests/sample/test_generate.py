@@ -97,3 +97,47 @@ def test_decoding_on_cuda_keeps_cudnn_attention_out_and_restores_it(monkeypatch)
     assert seen[0] == before
     assert seen[1] == (False, True, True, True)
     assert state() == before
+
+
+def _rope_model(seed: int = 0):
+    from llmlab.model.config import ModelSpec
+    from llmlab.model.transformer import Transformer
+
+    torch.manual_seed(seed)
+    cfg = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 16},
+           "attention": {"kind": "gqa", "kv_heads": 2}, "pos": {"kind": "rope"}}
+    return Transformer(ModelSpec.from_config(cfg, 50))
+
+
+def test_training_after_decoding_matches_a_model_that_never_decoded():
+    """Decoding runs in inference mode and fills RoPE's angle table: the ids it returns and the
+    table must serve autograd afterwards (train.prompts samples between steps; distillation
+    trains on a teacher's text), with the gradients of a model that never decoded."""
+    from llmlab.sample.generate import generate
+
+    decoded, fresh = _rope_model(), _rope_model()
+    ids = generate(decoded, torch.tensor([[1, 2, 3]]), SamplingConfig(max_new_tokens=20, temperature=0.0))
+    assert not ids.is_inference()
+    for model in (decoded, fresh):
+        model(ids, ids).loss.backward()
+    for (name, a), b in zip(decoded.named_parameters(), fresh.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+def test_rope_angles_past_the_table_grow_it_and_match_computed_ones():
+    """The angle table starts at max_seq_len positions and doubles when a forward reaches past
+    it; looked-up angles equal the ones computed for those positions."""
+    from llmlab.model.position import rotary_table
+
+    model = _rope_model()
+    rope = model.pos
+    positions = torch.arange(30, 37)
+    rope.check_end(37)
+    cos, sin = rope.view(positions).cos_sin(8)
+    want_cos, want_sin = rotary_table(positions, 8, rope.cfg.theta)
+    assert rope.table.length == 64 and torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    # and the rotation is RoFormer's rotate-half form
+    t = torch.randn(1, 2, 7, 8)
+    half = torch.cat([-t[..., 4:], t[..., :4]], dim=-1)
+    c, s = want_cos, torch.cat([want_sin[:, 4:], want_sin[:, 4:]], dim=-1)  # the unsigned sin
+    assert torch.allclose(rope.view(positions).rotate(t), t * c + half * s, atol=1e-6)

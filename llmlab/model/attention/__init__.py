@@ -160,25 +160,22 @@ class Attention(nn.Module):
         if shard is not None:  # train.context_parallel: this rank's slice of queries, keys and values
             return ring_attention(q, k, v, shard.group, scale, self.causal), None
         window = self.window()
+        bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk), (B, H, Tq, Tk) or None
+        if (not need_weights and bias is None and select is None and self.causal and window is None
+                and (Tq == Tk or Tq == 1)):
+            # the fused kernels' own cases, with no mask to build: the aligned square mask as a
+            # flag, or one new query that sees every cached key (each decoded token)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=Tq == Tk and Tq > 1, scale=scale, **kwargs), None
         mask = attention_mask(q_pos, k_pos, self.causal, window)
         if select is not None:
             mask = select if mask is None else mask & select
         if mask is not None and mask.dim() == 3:
             mask = mask[:, None]  # (B, 1, Tq, Tk): the same keys for every head
-        bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk), (B, H, Tq, Tk) or None
         if need_weights:
             return math_attention(q, k, v, mask, scale, bias)
-        is_causal = False
         if bias is not None:  # the mask goes into the bias: -inf where a query may not look
             mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
-        elif select is not None:
-            pass  # the selection is the mask
-        elif self.causal and window is None:
-            if Tq == Tk:
-                is_causal, mask = True, None  # aligned square mask: the fused kernels take it as a flag
-            elif Tq == 1:
-                mask = None  # one new query sees every cached key
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, **kwargs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kwargs)
         return y, None
 
 

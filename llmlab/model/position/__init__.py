@@ -39,29 +39,70 @@ class RotaryAngles(PositionView):
     Frequencies span one head's dimension (the last axis of the tensor rotated), and every
     head uses the same ones. Rotation pairs dimension i with i + D/2 ("rotate half"), the
     layout Llama checkpoints in `transformers` use.
+
+    ``table``: the `RoPE` module's tables of every position so far, looked up instead of
+    computed (decoding runs a forward per token; the angles are the same numbers either way).
     """
 
-    def __init__(self, positions: torch.Tensor, theta: float):
+    def __init__(self, positions: torch.Tensor, theta: float, table=None):
         self.positions = positions
         self.theta = theta
+        self.table = table
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(self, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and a signed sin, (T, D) each: the sin's first half negated, so that rotating
+        is ``t * cos + roll(t, D/2) * sin`` (the roll brings the pair partner; see `rotate`)."""
         if dim not in self._cache:
-            pos = self.positions.float()
-            inv_freq = self.theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
-            angles = pos[:, None] * inv_freq[None, :]  # (T, D/2)
-            angles = torch.cat([angles, angles], dim=-1)  # (T, D)
-            self._cache[dim] = (angles.cos(), angles.sin())
+            if self.table is not None:
+                cos, sin = self.table(dim, self.positions)
+            else:
+                cos, sin = rotary_table(self.positions, dim, self.theta)
+            self._cache[dim] = (cos, sin)
         return self._cache[dim]
 
     def rotate(self, t: torch.Tensor) -> torch.Tensor:
-        # t: (B, H, T, D); rotation is computed in fp32 and cast back
+        # t: (B, H, T, D); rotation is computed in fp32 and cast back. roll(t, D/2) is
+        # [t2, t1]; times the signed sin [-sin, sin] it is rotate_half(t) * sin = [-t2, t1] * sin
         cos, sin = self.cos_sin(t.shape[-1])
-        tf = t.float()
-        half = t.shape[-1] // 2
-        rotated = torch.cat([-tf[..., half:], tf[..., :half]], dim=-1)
-        return (tf * cos + rotated * sin).to(t.dtype)
+        tf = t if t.dtype == torch.float32 else t.float()
+        out = tf * cos + tf.roll(t.shape[-1] // 2, dims=-1) * sin
+        return out if out.dtype == t.dtype else out.to(t.dtype)
+
+
+def rotary_table(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) of RoPE's angles at ``positions`` (T,) for a head of ``dim``, (T, dim)
+    each in fp32; the sin's first half is negated (see `RotaryAngles.rotate`)."""
+    pos = positions.float()
+    inv_freq = theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+    angles = pos[:, None] * inv_freq[None, :]  # (T, D/2)
+    sin = angles.sin()
+    return torch.cat([angles, angles], dim=-1).cos(), torch.cat([-sin, sin], dim=-1)
+
+
+class RotaryTable:
+    """RoPE's cos and signed sin for positions 0..n-1 per (head width, device), computed once
+    and grown (doubled) when a forward reaches past them (`grow`, told the end as a plain
+    int, so no lookup syncs with the device); a forward looks its positions up."""
+
+    def __init__(self, theta: float, length: int):
+        self.theta, self.length = theta, max(1, length)
+        self.tables: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def grow(self, end: int) -> None:
+        while self.length < end:
+            self.length *= 2
+
+    def __call__(self, dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (dim, positions.device)
+        table = self.tables.get(key)
+        if table is None or table[0].shape[0] < self.length:
+            # ordinary tensors, made outside autograd, even when the first forward decodes in
+            # inference mode: training looks them up afterwards
+            with torch.inference_mode(False), torch.no_grad():
+                table = rotary_table(torch.arange(self.length, device=positions.device), dim, self.theta)
+            self.tables[key] = table
+        return table[0][positions], table[1][positions]
 
 
 class Position(nn.Module):
@@ -95,8 +136,17 @@ class NoPosition(Position):
 class RoPE(Position):
     """Rotary position embedding (Su et al. 2021): rotates q and k per head."""
 
+    def __init__(self, cfg, d_model: int, max_seq_len: int):
+        super().__init__(cfg, d_model, max_seq_len)
+        self.table = RotaryTable(cfg.theta, max_seq_len)
+
+    def check_end(self, end: int) -> None:
+        self.table.grow(end)
+
     def view(self, positions: torch.Tensor) -> RotaryAngles:
-        return RotaryAngles(positions, self.cfg.theta)
+        # a compiled training step computes its angles in the graph (no table kept from a trace)
+        table = None if torch.compiler.is_compiling() else self.table
+        return RotaryAngles(positions, self.cfg.theta, table)
 
 
 def sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
