@@ -50,6 +50,7 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.train_default
 	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"$(if $(NANOGPT), --nanogpt "$(NANOGPT)" --rounds 3)
 	$(PYTHON) -m bench.speculative
+	$(PYTHON) -m bench.decode_vs_hf$(if $(wildcard $(SHAKESPEARE)), --data "$(SHAKESPEARE)")
 	$(PYTHON) -m bench.head_loss
 	$(PYTHON) -m bench.cli
 
@@ -63,6 +64,7 @@ bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, 
 	$(PYTHON) -m bench.gpu --batch-size 32
 	$(PYTHON) -m bench.gpu_probe --variants base,flash --profile --name gpu_probe_attention
 	$(PYTHON) -m bench.gpu_probe --variants base,plainloss,bs64 --profile --name gpu_probe_head_loss
+	$(PYTHON) -m bench.decode_vs_hf --gpt2 --device cuda --precision bf16 --name gpt2_cuda_bf16
 	$(PYTHON) -m bench.head_loss
 	$(PYTHON) -m bench.cli
 
