@@ -265,3 +265,41 @@ def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: 
         shard.unlink()
     r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=2", cwd=tmp_path)
     one_line_error(r, 1, str(shard), "delete")
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("truncated weights", "model.safetensors is truncated or corrupt"),
+    ("trainer.pt edited, manifest agrees", "trainer.pt is unreadable"),
+])
+def test_a_resume_past_a_damaged_checkpoint_says_so_and_sets_it_aside(trained, tmp_path, damage, why):  # noqa: F811
+    """A resume passes over a damaged newest checkpoint only aloud: it names it and why, sets
+    it aside under a name that says so (its bytes kept), says how many steps it falls back,
+    and trains those steps again into a new checkpoint beside it."""
+    from llmlab.train.recovery import MANIFEST
+
+    root, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(root / "outputs" / "run", run)
+    latest = run / "checkpoints" / "step_000006"
+    if damage == "truncated weights":
+        f = latest / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:100])
+    else:
+        f = latest / "trainer.pt"
+        f.write_bytes(b"not a zip archive at all")
+        manifest = json.loads((latest / MANIFEST).read_text())
+        manifest["files"]["trainer.pt"] = f.stat().st_size
+        (latest / MANIFEST).write_text(json.dumps(manifest))
+    kept = {p.name: p.read_bytes() for p in latest.iterdir()}
+    data = ["data=text", f"data.paths=[{root / 'corpus'}/*]"]
+    (run / "summary.json").unlink()  # killed after its last save: the same command resumes it
+    r = run_cli("train", *data, *TINY, "train.steps=6", "train.eval_every=3", "train.ckpt_every=3",
+                f"hydra.run.dir={run}", cwd=root)
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert f"train.resume: {latest} is damaged ({why}" in out
+    assert f"resuming from {run / 'checkpoints' / 'step_000003'}, 3 steps before the newest checkpoint" in out
+    (aside,) = [p for p in (run / "checkpoints").iterdir() if p.name.startswith("step_000006.damaged-")]
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
+    assert (run / "checkpoints" / "step_000006" / MANIFEST).is_file()  # trained again, beside it
+    assert json.loads((run / "summary.json").read_text())["steps"] == 6

@@ -137,7 +137,23 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or a run directory (its latest checkpoint)."""
+    """A checkpoint directory, or a run directory (its latest complete checkpoint, by the
+    manifests alone; `load_checkpoint` also passes over one whose files do not load)."""
+    p = _existing(path)
+    if _is_checkpoint_dir(p):
+        return p
+    for root in (p / "checkpoints", p):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1]
+        damaged = damaged_checkpoints(root)
+        if damaged:
+            _, q, why = damaged[-1]
+            raise UserError(f"ckpt: {p} has no complete checkpoint: the latest, {q}, is not complete ({why})")
+    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
+
+
+def _existing(path) -> Path:
     if path is None or str(path) in ("", "None", "???"):
         raise UserError("ckpt: no checkpoint given; pass ckpt=<checkpoint dir or run dir>")
     if str(path) == "latest":
@@ -145,23 +161,39 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         raise UserError(f"ckpt: {p} does not exist")
-    if any((p / f).exists() for f in (MANIFEST, "model.safetensors", "model.json")):
-        return p
-    for root in (p / "checkpoints", p):
-        found = list_checkpoints(root)
-        damaged = damaged_checkpoints(root)
-        if found:
-            last = int(STEP_DIR.match(found[-1].name).group(1))
-            for step, q, why in damaged:
-                if step > last:  # a newer checkpoint is not passed over without a word
-                    from llmlab import console
-                    console.err.print(f"ckpt: passing over {q}, which is not a complete checkpoint ({why}); "
-                                      f"using {found[-1]}", style="yellow")
-            return found[-1]
-        if damaged:
-            _, q, why = damaged[-1]
-            raise UserError(f"ckpt: {p} has no complete checkpoint: the latest, {q}, is not complete ({why})")
-    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
+    return p
+
+
+def _is_checkpoint_dir(p: Path) -> bool:
+    return any((p / f).exists() for f in (MANIFEST, "model.safetensors", "model.json"))
+
+
+def step_dirs(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ``step_N`` directory under ``ckpt_root``, complete or not, newest first."""
+    if not Path(ckpt_root).is_dir():
+        return []
+    found = [(int(m.group(1)), q) for q in Path(ckpt_root).iterdir() if (m := STEP_DIR.match(q.name)) and q.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def load_latest(ckpt_root: Path, trainer: bool = False) -> tuple[Checkpoint | None, list[tuple[int, Path, str]]]:
+    """The newest checkpoint under ``ckpt_root`` that loads, and (step, path, why) of each newer
+    one passed over, newest first. One rule for every file: a checkpoint whose manifest does not
+    match its files, or whose weights, metadata or (``trainer``: a resume's) trainer.pt do not
+    load, is passed over, and the caller says so."""
+    passed: list[tuple[int, Path, str]] = []
+    for step, q in step_dirs(ckpt_root):
+        why = completeness(q)
+        if why is None:
+            try:
+                ckpt = _load_dir(q)
+                if trainer:
+                    ckpt.trainer_state()  # kept for the resume that asked
+                return ckpt, passed
+            except UserError as e:
+                why = str(e).removeprefix("ckpt: ").replace(f"{q}/", "").replace(f"{q} ", "it ")
+        passed.append((step, q, why))
+    return None, passed
 
 
 def damaged_checkpoints(ckpt_root: Path) -> list[tuple[int, Path, str]]:
@@ -229,17 +261,43 @@ class Checkpoint:
             raise UserError(f"ckpt: {f} is unreadable ({type(e).__name__}); the checkpoint is damaged") from e
 
     def trainer_state(self) -> dict | None:
-        f = self.path / "trainer.pt"
-        if not f.exists():
-            return None
-        try:
-            return torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise UserError(f"ckpt: {f} is unreadable ({type(e).__name__}); the checkpoint is damaged") from e
+        """trainer.pt's contents (loaded once and kept until `drop_trainer_state`), or None."""
+        if "_trainer" not in self.__dict__:
+            f = self.path / "trainer.pt"
+            if not f.exists():
+                self.__dict__["_trainer"] = None
+            else:
+                try:
+                    self.__dict__["_trainer"] = torch.load(f, map_location="cpu", weights_only=True)
+                except Exception as e:
+                    raise UserError(f"ckpt: {f} is unreadable ({type(e).__name__}); the checkpoint is damaged") from e
+        return self.__dict__["_trainer"]
+
+    def drop_trainer_state(self) -> None:
+        """Free the optimizer state once it is in the optimizer."""
+        self.__dict__.pop("_trainer", None)
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    p = resolve_checkpoint(path)
+    """A checkpoint directory, loaded; or a run directory's newest checkpoint that loads, each
+    newer one passed over named on stderr with what is wrong with it (`load_latest`)."""
+    p = _existing(path)
+    if _is_checkpoint_dir(p):
+        return _load_dir(p)
+    for root in (p / "checkpoints", p):
+        ckpt, passed = load_latest(root)
+        if ckpt is not None:
+            from llmlab import console
+            for _, q, why in passed:
+                console.err.print(f"ckpt: passing over {q} ({why}); using {ckpt.path}", style="yellow")
+            return ckpt
+        if passed:
+            _, q, why = passed[0]
+            raise UserError(f"ckpt: {p} has no usable checkpoint: the latest, {q}, is damaged ({why})")
+    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
+
+
+def _load_dir(p: Path) -> Checkpoint:
     problem = completeness(p)
     if problem is not None:
         raise UserError(f"ckpt: {p} is not a complete checkpoint ({problem})")

@@ -172,7 +172,7 @@ class Trainer:
         self.steps = self.loop.planned_steps(self.tokens_per_step, self.card["flops_per_token"])
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)
-        self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id)
+        self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id, self.dist.is_main)
         if self.ckpt is not None:  # weights go in before FSDP shards them
             resume.check_same_tokenizer(self.prepared.path / "tokenizer.json", self.ckpt)
             load_weights(model, self.ckpt.weights, self.ckpt.path,

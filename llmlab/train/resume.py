@@ -13,31 +13,56 @@ from torch import nn
 from llmlab import console
 from llmlab.errors import ConfigError, UserError
 from llmlab.files import OLD, TMP
-from llmlab.train.checkpoint import Checkpoint, latest_in_run, load_checkpoint, save_checkpoint
+from llmlab.train.checkpoint import Checkpoint, load_checkpoint, load_latest, save_checkpoint
 from llmlab.train.distributed import (barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       load_optimizer_state)
 from llmlab.train.recovery import STEP_IN_NAME
 from llmlab.train.state import Progress, RankRandom
 
 
-def resume_checkpoint(loop, run_dir: Path, rid: str) -> Checkpoint | None:
-    """The checkpoint ``train.resume`` names: this run directory's latest (``auto``), a path,
-    or none. ``auto`` refuses a directory that holds a run of another config."""
+def resume_checkpoint(loop, run_dir: Path, rid: str, main: bool = True) -> Checkpoint | None:
+    """The checkpoint ``train.resume`` names: this run directory's latest that loads (``auto``),
+    a path, or none. ``auto`` refuses a directory that holds a run of another config, and passes
+    over a damaged newer checkpoint only aloud: it is named with what is wrong and set aside
+    (``main``: this rank renames it) under a name that says so, never trained over."""
     if loop.resume == "auto":
-        found = latest_in_run(run_dir)
-        if found is None:
+        ckpt, passed = load_latest(Path(run_dir) / "checkpoints", trainer=True)
+        if ckpt is None and passed:
+            _, q, why = passed[0]
+            raise UserError(f"train.resume: {run_dir} has no usable checkpoint: the latest, {q}, is damaged ({why}); "
+                            "move the damaged ones away to start over here, or pass train.resume=<checkpoint>")
+        if ckpt is None:
             return None
-    elif loop.resume:
-        found = loop.resume
-    else:
+        refuse_foreign(run_dir, ckpt.state.get("run_id"), rid, ckpt.path)
+        if passed:
+            set_aside(passed, ckpt, main)
+        return ckpt
+    if not loop.resume:
         return None
     try:
-        ckpt = load_checkpoint(found)
+        return load_checkpoint(loop.resume)
     except UserError as e:
         raise UserError(f"train.resume: {str(e).removeprefix('ckpt: ')}") from e
-    if loop.resume == "auto":
-        refuse_foreign(run_dir, ckpt.state.get("run_id"), rid, ckpt.path)
-    return ckpt
+
+
+DAMAGED = ".damaged-"
+
+
+def set_aside(passed: list[tuple[int, Path, str]], ckpt: Checkpoint, main: bool) -> None:
+    """Rename each damaged checkpoint newer than ``ckpt`` to ``step_N.damaged-<time>`` (no
+    listing, rotation or recovery touches such a name), and say how far the resume falls back."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for step, q, why in passed:
+        aside = q.with_name(f"{q.name}{DAMAGED}{stamp}")
+        if main:
+            q.rename(aside)
+        console.out.print(f"train.resume: {q} is damaged ({why}); set aside as {aside.name}", style="yellow")
+    step = ckpt.state.get("step")
+    back = f"{passed[0][0] - step:,} steps" if isinstance(step, int) else "some steps"
+    console.out.print(f"train.resume: resuming from {ckpt.path}, {back} before the newest checkpoint "
+                      f"(step {passed[0][0]:,}); those steps are trained again", style="yellow")
 
 
 def refuse_foreign(run_dir: Path, other, rid: str, path: Path) -> None:
@@ -155,6 +180,7 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
     _load(parts.sampler, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
     _load(parts.progress, ckpt.state, "step count (state.json)", ckpt)
     _load(parts.window, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)
+    ckpt.drop_trainer_state()
     console.out.print(f"resumed from {ckpt.path} at step {parts.progress.step}")
 
 

@@ -52,21 +52,35 @@ def test_run_dir_resolves_to_the_latest(saved):
 
 
 def test_a_damaged_latest_checkpoint_is_named_not_passed_over_in_silence(saved, tmp_path, capsys):
-    """A run directory whose newest checkpoint is damaged resolves to the newest complete one,
-    with a line naming the damaged one; with none complete, one error names the latest."""
+    """A run directory whose newest checkpoint is damaged loads the newest one that loads, with
+    a line naming the damaged one and why. One rule whatever the damage: a file whose size
+    the manifest contradicts, or an edit the manifest was made to agree with. With none
+    usable, one error names the latest."""
     import shutil
+
+    from llmlab.train.recovery import MANIFEST
 
     _, run, paths = saved
     run = Path(shutil.copytree(run, tmp_path / "copy"))
     latest, older = run / "checkpoints" / paths[-1].name, run / "checkpoints" / paths[-2].name
     (latest / "model.json").write_text("{}")
-    assert resolve_checkpoint(run) == older
+    assert resolve_checkpoint(run) == older  # by the manifests alone
+    assert load_checkpoint(run).path == older
     err = capsys.readouterr().err
-    assert f"passing over {latest}" in err and "model.json is truncated or corrupt" in err
+    assert f"passing over {latest}" in err and "model.json is truncated or corrupt" in err and f"using {older}" in err
+    # the manifest made to agree with an edit that breaks the schema
+    manifest = json.loads((latest / MANIFEST).read_text())
+    spec = json.loads((older / "model.json").read_text())
+    (latest / "model.json").write_text(json.dumps({**spec, "model": [1, 2]}))
+    manifest["files"]["model.json"] = (latest / "model.json").stat().st_size
+    (latest / MANIFEST).write_text(json.dumps(manifest))
+    assert load_checkpoint(run).path == older
+    err = capsys.readouterr().err
+    assert f"passing over {latest} (model.json: model must be a mapping" in err
     (older / "model.safetensors").unlink()
-    with pytest.raises(UserError, match=rf"^ckpt: {run} has no complete checkpoint: the latest, {latest}, is not "
-                                        r"complete \(model.json is truncated or corrupt"):
-        resolve_checkpoint(run)
+    with pytest.raises(UserError, match=rf"^ckpt: {run} has no usable checkpoint: the latest, {latest}, is damaged "
+                                        r"\(model.json: model must be"):
+        load_checkpoint(run)
 
 
 def test_missing_path_is_a_user_error(tmp_path):
