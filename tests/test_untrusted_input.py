@@ -232,6 +232,7 @@ def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained,
     ("dtype", "float64", "dtype must be uint16 or uint32"),
     ("tokenizer_sample", {"bytes": "many"}, "tokenizer_sample must be null or a mapping"),
     ("train.shards", [{"file": "000000.bin"}], "train.shards must be a list of shards"),
+    ("val.shards", [{"file": "000000.bin", "tokens": 1, "crc32": -1}], "val.shards must be shards whose crc32 is"),
 ])
 @pytest.mark.parametrize("command", ["tokenize", "train"])
 def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, field, value, named, command):  # noqa: F811
@@ -265,6 +266,42 @@ def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: 
         shard.unlink()
     r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=2", cwd=tmp_path)
     one_line_error(r, 1, str(shard), "delete")
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_tokenize_reads_every_shard_back_against_its_checksum(trained, tmp_path, split):  # noqa: F811
+    """A byte flipped in place that still gives a valid id: the sizes agree and every id is in
+    the vocabulary, so only the CRC-32 recorded when the shard was written tells. llmlab
+    tokenize on the existing entry reads every shard back, says so, and names the changed one."""
+    import numpy as np
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    args = ["data=text", f"data.paths=[{root / 'corpus'}/*]", "tokenizer=byte"]
+    r = run_cli("tokenize", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "checksums: 2 shards read back and matching meta.json" in r.stdout
+    shard = entry / split / "000000.bin"
+    ids = np.fromfile(shard, dtype=np.uint16)
+    ids[len(ids) // 2] = 97 if ids[len(ids) // 2] != 97 else 98  # "a" for another byte: still a valid id
+    ids.tofile(shard)
+    r = run_cli("tokenize", *args, cwd=tmp_path)
+    one_line_error(r, 1, f"{shard} changed since it was written (CRC-32", "delete")
+
+
+def test_a_shard_without_a_recorded_checksum_is_said_to_be_unchecked(trained, tmp_path):  # noqa: F811
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    meta = json.loads((entry / "meta.json").read_text())
+    del meta["val"]["shards"][0]["crc32"]  # as an entry written before checksums
+    (entry / "meta.json").write_text(json.dumps(meta))
+    r = run_cli("tokenize", "data=text", f"data.paths=[{root / 'corpus'}/*]", "tokenizer=byte", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "checksums: 1 shard read back and matching meta.json" in r.stdout
+    assert "1 from before checksums were recorded, not checked" in r.stdout
 
 
 @pytest.mark.parametrize("damage, why", [

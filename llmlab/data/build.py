@@ -214,7 +214,7 @@ class Builder:
         shards = state["shards"]
         return {"tokens": sum(s["tokens"] for s in shards), "bytes": sum(s["bytes"] for s in shards),
                 "docs": sum(s["docs"] for s in shards),
-                "shards": [{k: s[k] for k in ("file", "tokens", "bytes", "docs")} for s in shards]}
+                "shards": [{k: s[k] for k in ("file", "tokens", "bytes", "docs", "crc32") if k in s} for s in shards]}
 
     def finish(self, state: dict, writer: SplitWriter, position: int, open_text: bool = False) -> None:
         entry = writer.finish_shard(position)
