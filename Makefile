@@ -17,7 +17,7 @@ SHAKESPEARE ?= ../shared/data/tinyshakespeare.txt
 NANOGPT ?=
 # NANOGPT: a nanoGPT checkout; when set, make bench times its train.py beside llmlab (bench.shakespeare)
 
-.PHONY: install run test test-all bench bench-long bench-gpu clean distclean
+.PHONY: install run test test-all fuzz bench bench-long bench-gpu clean distclean
 
 install:  ## editable install with the test extra; does nothing when already installed
 	@if [ ! -x "$(PYTHON)" ]; then echo "creating .venv"; python3 -m venv .venv; fi
@@ -40,6 +40,9 @@ test: install  ## the fast suite
 
 test-all: install  ## everything, slow end-to-end runs included
 	$(PYTHON) -m pytest -q $(PARALLEL) -m "slow or not slow"
+
+fuzz: install  ## the input fuzzer: N mutated inputs (default 200), a random seed unless SEED=...; prints a table of outcomes
+	$(PYTHON) -m tests.fuzz.cases --cases $(or $(N),200)$(if $(SEED), --seed $(SEED))
 
 bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.tokenize_speed --shakespeare "$(SHAKESPEARE)"

@@ -340,3 +340,18 @@ def test_a_resume_past_a_damaged_checkpoint_says_so_and_sets_it_aside(trained, t
     assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
     assert (run / "checkpoints" / "step_000006" / MANIFEST).is_file()  # trained again, beside it
     assert json.loads((run / "summary.json").read_text())["steps"] == 6
+
+
+@pytest.mark.parametrize("content", [b'{"steps": 6, "val_lo', b'[1, 2]', b"\xff\xfe"])
+def test_a_finished_run_with_a_damaged_summary_sets_it_aside_and_writes_it_again(trained, tmp_path, content):  # noqa: F811
+    root, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(root / "outputs" / "run", run)
+    (run / "summary.json").write_bytes(content)
+    r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=6", "train.eval_every=3",
+                "train.ckpt_every=3", f"hydra.run.dir={run}", cwd=root)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    (aside,) = run.glob("summary.json.damaged-*")
+    assert aside.read_bytes() == content
+    assert f"{run / 'summary.json'} is unreadable: set aside as {aside.name}" in " ".join(r.stdout.split())
+    assert json.loads((run / "summary.json").read_text())["steps"] == 6

@@ -75,7 +75,7 @@ def finished_summary(run_dir: Path, rid: str) -> dict | None:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    if summary.get("run_id") == rid and not summary.get("interrupted"):
+    if isinstance(summary, dict) and summary.get("run_id") == rid and not summary.get("interrupted"):
         return summary
     return None
 

@@ -385,10 +385,34 @@ def build_model(ckpt: Checkpoint, device: torch.device):
         spec = ModelSpec.from_config(ckpt.spec, int(ckpt.spec["vocab_size"]))
     except (ConfigError, KeyError) as e:
         raise UserError(f"ckpt: {ckpt.path / 'model.json'} does not describe a model this llmlab can build ({e})") from e
-    model = Transformer(spec)
+    check_sizes_against_weights(spec, ckpt.weights, ckpt.path)
+    try:
+        model = Transformer(spec)
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:
+        raise UserError(f"ckpt: {ckpt.path / 'model.json'} describes a model that cannot be built here "
+                        f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]})") from None
     load_weights(model, ckpt.weights, ckpt.path)
     check_vocab(ckpt.tokenizer().vocab_size, spec.vocab_size, ckpt.path)
     return model.to(device).eval()
+
+
+def check_sizes_against_weights(spec, weights: Mapping[str, torch.Tensor], where: Path) -> None:
+    """model.json's vocabulary, width and depth against the weights file's own shapes, before
+    anything is allocated from them: an edited size (a vocabulary of 2^70, a thousand layers)
+    is one line, not an allocation that fails or fills the memory."""
+    embed = weights.get("embed.weight")
+    m = spec.model
+    if embed is not None and embed.dim() == 2:
+        if m.d_model != embed.shape[1]:
+            raise UserError(f"ckpt: {where / 'model.json'}: model.d_model is {m.d_model:,} but embed.weight in "
+                            f"model.safetensors is {embed.shape[1]:,} wide; the checkpoint is damaged or was edited")
+        if spec.vocab_size > embed.shape[0]:
+            raise UserError(f"ckpt: {where / 'model.json'}: vocab_size is {spec.vocab_size:,} but embed.weight in "
+                            f"model.safetensors has {embed.shape[0]:,} rows; the checkpoint is damaged or was edited")
+    blocks = {int(k.split(".")[1]) for k in weights if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    if blocks and m.n_layers != len(blocks):
+        raise UserError(f"ckpt: {where / 'model.json'}: model.n_layers is {m.n_layers:,} but model.safetensors holds "
+                        f"{len(blocks):,} blocks; the checkpoint is damaged or was edited")
 
 
 def check_vocab(tokenizer_vocab: int, model_vocab: int, where: Path) -> None:

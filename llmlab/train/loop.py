@@ -252,9 +252,21 @@ class Trainer:
             console.out.print(f"{self.run_dir} finished already (run id {self.run_id}); nothing to do. "
                               "To train again, use a new hydra.run.dir")
             return True
-        if self.start_step >= self.steps and (self.run_dir / "summary.json").is_file():
+        path = self.run_dir / "summary.json"
+        if self.start_step >= self.steps and path.is_file():
+            try:
+                summary = json.loads(path.read_text())
+            except (OSError, ValueError):
+                summary = None
+            if not isinstance(summary, dict):  # damaged: kept aside, and written again below
+                aside = path.with_name(f"summary.json.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+                if self.dist.is_main:
+                    path.rename(aside)
+                console.out.print(f"{path} is unreadable: set aside as {aside.name}; the run finished all "
+                                  f"{self.steps} steps, so its summary is written again", style="yellow")
+                return False
             console.out.print(f"{self.run_dir} finished all {self.steps} steps already; nothing to do")
-            self.finished = json.loads((self.run_dir / "summary.json").read_text())
+            self.finished = summary
             return True
         return False
 

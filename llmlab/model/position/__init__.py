@@ -86,7 +86,8 @@ class RotaryTable:
     int, so no lookup syncs with the device); a forward looks its positions up."""
 
     def __init__(self, theta: float, length: int):
-        self.theta, self.length = theta, max(1, length)
+        # up to 4,096 positions at first; a longer context grows it as decoding reaches there
+        self.theta, self.length = theta, max(1, min(length, 4096))
         self.tables: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def grow(self, end: int) -> None:
