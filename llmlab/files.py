@@ -25,7 +25,10 @@ _HOST = socket.gethostname().replace("-", "_")[:32] or "host"
 # errnos a user fixes by freeing space, raising a limit or choosing another directory
 DISK_ERRNOS = {errno.ENOSPC: "the device is full", errno.EDQUOT: "the disk quota is exhausted",
                errno.EFBIG: "the file-size limit was reached", errno.EROFS: "the file system is read-only",
-               errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+               errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+               # a run directory edited by hand: move the one in the way aside
+               errno.EISDIR: "a directory stands where a file belongs",
+               errno.ENOTDIR: "a file stands where a directory belongs"}
 # how libraries that wrap the OS error (torch's zip writer, safetensors) word the same failures
 _MESSAGES = {"no space left": "the device is full", "file too large": "the file-size limit was reached",
              "quota exceeded": "the disk quota is exhausted", "read-only file system": "the file system is read-only",

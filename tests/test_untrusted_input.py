@@ -355,3 +355,16 @@ def test_a_finished_run_with_a_damaged_summary_sets_it_aside_and_writes_it_again
     assert aside.read_bytes() == content
     assert f"{run / 'summary.json'} is unreadable: set aside as {aside.name}" in " ".join(r.stdout.split())
     assert json.loads((run / "summary.json").read_text())["steps"] == 6
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", ".hydra/overrides.yaml"])
+def test_a_directory_where_a_run_file_belongs_is_one_line(trained, tmp_path, name):  # noqa: F811
+    root, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(root / "outputs" / "run", run)
+    (run / "summary.json").unlink()
+    (run / name).unlink()
+    (run / name).mkdir()
+    r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=6", "train.eval_every=3",
+                "train.ckpt_every=3", f"hydra.run.dir={run}", cwd=root)
+    one_line_error(r, 1, f"({run / name}): a directory stands where a file belongs")
