@@ -38,7 +38,7 @@ GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=1
         "tokenizer.vocab_size=50257"]
 SAMPLING = {"temperature": 0.8, "top_k": 50, "top_p": 0.95}
 TRAIN = ["logger=none", "train.eval_every=0", "train.eval_windows=8", "train.ckpt_every=0", "train.prompts=[]",
-         "train.log_every=20", "train.sample_tokens=0"]
+         "train.log_every=20", "train.sample_tokens=0", "train.batch_size=8"]
 
 
 def hf_worker(args) -> None:
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--gpt2", action="store_true", help="GPT-2-124M instead of the llama sizes")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--data", default=None, help="a text file to train on (default: the stdlib corpus)")
