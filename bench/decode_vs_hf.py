@@ -14,7 +14,8 @@ same top-k/top-p/temperature. The prompt is "ROMEO:", batch 1, ``--tokens`` new 
 at the end-of-text token). tokens/s is new tokens over the decoding's wall time, prefill
 included, for both; time to first token is from the call to the first new token. The greedy
 texts must be identical. ``transformers`` gets a short warm-up ``generate`` first, which
-``llmlab sample`` does not. Results go to bench/results/decode_vs_hf[_<name>].json;
+``llmlab sample`` does not. On the CPU, ``--num-samples N`` also times N samples of one prompt
+decoded as one batch (as ``llmlab sample num_samples=N`` does) against one at a time. Results go to bench/results/decode_vs_hf[_<name>].json;
 ``transformers`` is an optional extra: without it the benchmark says so in one line and stops.
 """
 
@@ -159,6 +160,8 @@ def measure_size(name: str, shape: list[str], tmp: Path, env: dict, args) -> dic
                                        / row["transformers_sampling"]["tokens_per_s_median"])
     if "llmlab_unpacked" in row:
         row["auto_vs_unpacked"] = row["llmlab"]["tokens_per_s_median"] / row["llmlab_unpacked"]["tokens_per_s_median"]
+    if args.device == "cpu" and args.num_samples > 1:
+        row["num_samples"] = batched_samples(run_dir, args.num_samples, args.tokens, max(2, args.rounds))
     if not row["identical_greedy_text"]:
         # where each greedy text parts from transformers' (a barely trained model has near-ties
         # that a different summation order can flip)
@@ -166,6 +169,36 @@ def measure_size(name: str, shape: list[str], tmp: Path, env: dict, args) -> dic
                                                        min(len(t), len(reference))) for t in ts if t != reference})
                                        for m, ts in texts.items()}
     return row
+
+
+def batched_samples(run_dir: Path, n: int, tokens: int, rounds: int) -> dict:
+    """``num_samples=n``: the n samples of one prompt decoded as one batch (what ``llmlab sample``
+    does) against one at a time, in this process, alternating; tokens/s of each."""
+    import time
+
+    import torch
+
+    from llmlab.sample.generate import SamplingConfig, generate
+    from llmlab.train.checkpoint import build_model, load_checkpoint
+
+    ckpt = load_checkpoint(run_dir)
+    model = build_model(ckpt, torch.device("cpu"))
+    prompt = torch.tensor([ckpt.tokenizer().encode(PROMPT)])
+    cfg = SamplingConfig(max_new_tokens=tokens, **SAMPLING)
+    generate(model, prompt, SamplingConfig(max_new_tokens=8, temperature=0.0))  # warm-up (packing choices)
+    rates: dict[str, list[float]] = {"batched": [], "one_at_a_time": []}
+    for i in range(rounds):
+        for how in (["batched", "one_at_a_time"] if i % 2 == 0 else ["one_at_a_time", "batched"]):
+            gen = torch.Generator().manual_seed(i)
+            t = time.perf_counter()
+            if how == "batched":
+                generate(model, prompt.repeat(n, 1), cfg, generator=gen)
+            else:
+                for _ in range(n):
+                    generate(model, prompt, cfg, generator=gen)
+            rates[how].append(n * tokens / (time.perf_counter() - t))
+    out = {how: statistics.median(r) for how, r in rates.items()}
+    return {"n": n, "tokens_per_s": out, "speedup": out["batched"] / out["one_at_a_time"]}
 
 
 def sum_params(run_dir: Path) -> int | None:
@@ -183,6 +216,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--num-samples", type=int, default=4, help="also time num_samples=N batched against one at a "
+                    "time (CPU; 1: skip)")
     ap.add_argument("--data", default=None, help="a text file to train on (default: the stdlib corpus)")
     ap.add_argument("--keep", default=None, help="keep the trained runs here (and reuse those it holds)")
     ap.add_argument("--name", default=None, help="results file: bench/results/decode_vs_hf[_NAME].json")
@@ -227,7 +262,9 @@ def main() -> None:
     for name, row in result["sizes"].items():
         print(f"{name}: llmlab {row['llmlab']['tokens_per_s_median']:,.0f} tokens/s, transformers "
               f"{row['transformers']['tokens_per_s_median']:,.0f} ({row['greedy_vs_transformers']:.2f}x); sampling "
-              f"{row['sampling_vs_transformers']:.2f}x; identical greedy text: {row['identical_greedy_text']}")
+              f"{row['sampling_vs_transformers']:.2f}x; identical greedy text: {row['identical_greedy_text']}"
+              + (f"; num_samples={row['num_samples']['n']} batched {row['num_samples']['speedup']:.2f}x one at a time"
+                 if "num_samples" in row else ""))
     print(f"results: {out}")
 
 

@@ -20,6 +20,7 @@ Loading reads and checks everything before touching the model, and never unpickl
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -120,10 +121,11 @@ def best_checkpoint(ckpt_root: Path) -> Path | None:
     for path in list_checkpoints(ckpt_root):
         try:
             val = json.loads((path / "state.json").read_text()).get("val") or {}
-        except (OSError, ValueError):
+            loss = val.get("val/loss")
+        except (OSError, ValueError, AttributeError):  # unreadable, or not the mappings a save writes
             continue
-        if "val/loss" in val:
-            scored.append((val["val/loss"], path))
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+            scored.append((loss, path))
     return min(scored)[1] if scored else None
 
 

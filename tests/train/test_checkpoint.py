@@ -139,3 +139,30 @@ def test_trainer_state_is_loaded_without_unpickling_code(saved, tmp_path):
     manifest.write_text(json.dumps(listed))
     with pytest.raises(UserError, match="trainer.pt is unreadable"):
         load_checkpoint(paths[-1]).trainer_state()
+
+
+def test_the_best_checkpoint_reads_only_finite_numbers(saved):
+    """An edited state.json (a string for the validation loss, NaN, a list for the record), its
+    manifest made to agree, is not a score: the best is chosen among the finite numbers."""
+    from llmlab.train.checkpoint import best_checkpoint
+    from llmlab.train.recovery import MANIFEST
+
+    def edit_state(path, text):
+        (path / "state.json").write_text(text)
+        manifest = json.loads((path / MANIFEST).read_text())
+        manifest["files"]["state.json"] = (path / "state.json").stat().st_size
+        (path / MANIFEST).write_text(json.dumps(manifest))
+
+    _, run, paths = saved
+    root = run / "checkpoints"
+    first, second = list_checkpoints(root)
+    assert best_checkpoint(root) is None  # none records a validation loss
+    state = json.loads((first / "state.json").read_text())
+    edit_state(first, json.dumps({**state, "val": {"val/loss": "${oc.env:HOME}"}}))
+    edit_state(second, json.dumps({**state, "step": 30, "val": {"val/loss": 2.5}}))
+    assert best_checkpoint(root) == second
+    edit_state(second, json.dumps({**state, "step": 30, "val": {"val/loss": float("nan")}}))
+    assert list_checkpoints(root) == [first, second] and best_checkpoint(root) is None
+    edit_state(first, "[1, 2]")
+    edit_state(second, json.dumps({**state, "step": 30, "val": {"val/loss": 1.5}}))
+    assert best_checkpoint(root) == second
