@@ -233,6 +233,8 @@ def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained,
     ("tokenizer_sample", {"bytes": "many"}, "tokenizer_sample must be null or a mapping"),
     ("train.shards", [{"file": "000000.bin"}], "train.shards must be a list of shards"),
     ("val.shards", [{"file": "000000.bin", "tokens": 1, "crc32": -1}], "val.shards must be shards whose crc32 is"),
+    ("eos", 5, "eos must be a string or null"),
+    ("eos", "<deleted>", "eos must be a string or null"),
 ])
 @pytest.mark.parametrize("command", ["tokenize", "train"])
 def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, field, value, named, command):  # noqa: F811
@@ -245,7 +247,10 @@ def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, fi
     node = meta
     for key in parents:
         node = node[key]
-    node[last] = value
+    if value == "<deleted>":
+        del node[last]
+    else:
+        node[last] = value
     (entry / "meta.json").write_text(json.dumps(meta))
     data = ["data=text", f"data.paths=[{root / 'corpus'}/*]"]
     args = [*data, "tokenizer=byte"] if command == "tokenize" else [*data, *TINY, "train.steps=2"]

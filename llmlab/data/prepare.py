@@ -200,7 +200,7 @@ def check_meta(meta: dict[str, Any], entry: Path) -> None:
         bad("vocab_size", "a positive integer")
     if meta.get("dtype") not in ("uint16", "uint32"):
         bad("dtype", "uint16 or uint32")
-    if meta.get("eos") is not None and not isinstance(meta["eos"], str):
+    if "eos" not in meta or meta["eos"] is not None and not isinstance(meta["eos"], str):
         bad("eos", "a string or null")
     for split in ("train", "val"):
         info = meta.get(split)

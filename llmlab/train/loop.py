@@ -112,7 +112,7 @@ class Trainer:
         prepared = self.prepared
         self.record = RunRecord(self.run_dir, self.run_id, self.spec.to_dict(), job.config,
                                 prepared.path / "tokenizer.json",
-                                {"data_key": prepared.meta["key"], "eos": prepared.meta["eos"],
+                                {"data_key": prepared.path.name, "eos": prepared.meta["eos"],
                                  "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
                                 self.weight_names, loop.keep_checkpoints, self.token_counts)
         self.evaluator = Evaluator(self.val_tokens, self.seq_len, loop, self.amp, self.distiller, self.tokenizer,
