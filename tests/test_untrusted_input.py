@@ -373,3 +373,33 @@ def test_a_directory_where_a_run_file_belongs_is_one_line(trained, tmp_path, nam
     r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=6", "train.eval_every=3",
                 "train.ckpt_every=3", f"hydra.run.dir={run}", cwd=root)
     one_line_error(r, 1, f"({run / name}): a directory stands where a file belongs")
+
+
+def test_a_resume_from_a_state_with_a_string_for_a_loss_is_one_line(trained, tmp_path):  # noqa: F811
+    """state.json edited, its manifest made to agree: the last evaluation's loss a string. The
+    resume names the file and the field; it does not fail at the end comparing it."""
+    from llmlab.train.recovery import MANIFEST
+
+    root, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(root / "outputs" / "run", run)
+    (run / "summary.json").unlink()
+    latest = run / "checkpoints" / "step_000006"
+    state = json.loads((latest / "state.json").read_text())
+    state["val"] = {**state.get("val", {}), "val/loss": "${oc.env:HOME}"}
+    (latest / "state.json").write_text(json.dumps(state))
+    manifest = json.loads((latest / MANIFEST).read_text())
+    manifest["files"]["state.json"] = (latest / "state.json").stat().st_size
+    (latest / MANIFEST).write_text(json.dumps(manifest))
+    r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=6", "train.eval_every=3",
+                "train.ckpt_every=3", f"hydra.run.dir={run}", cwd=root)
+    one_line_error(r, 1, str(latest), "state.json", "val.val/loss is '${oc.env:HOME}', not a number")
+
+
+def test_a_summary_reads_only_numbers_from_an_edited_history():
+    from llmlab.train.card import summarize
+
+    history = [{"step": 1, "train/loss": 3.0, "val/loss": "low"}, {"step": 2, "train/loss": [1], "val/loss": 2.0},
+               {"step": 3, "perf/tokens_per_s": "fast"}]
+    out = summarize(history, [], [])
+    assert out["train_loss"] == 3.0 and out["val_losses"] == [2.0]

@@ -48,15 +48,20 @@ def print_model_card(model: Transformer, card: dict[str, Any]) -> None:
         console.err.print(f"warning: {caveat}", style="yellow")
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def summarize(history: list[dict], rates: list[float], loads: list[tuple[float, float]]) -> dict[str, Any]:
     """The losses and the training speed of a run's metrics: the last train loss, the best
     validation loss, and the median tokens/s over log windows with its spread and the other
     load the windows ran under (time-weighted)."""
-    train_losses = [h["train/loss"] for h in history if "train/loss" in h]
-    val_losses = [h["val/loss"] for h in history if "val/loss" in h]
+    # a resumed run's history comes from metrics.jsonl, a file a hand may have edited: numbers only
+    train_losses = [h["train/loss"] for h in history if _number(h.get("train/loss"))]
+    val_losses = [h["val/loss"] for h in history if _number(h.get("val/loss"))]
     load = sum(t * x for t, x in loads) / sum(t for t, _ in loads) if loads else None
     speed = rate(rates, load) if rates else rate([next(
-        (h["perf/tokens_per_s"] for h in reversed(history) if "perf/tokens_per_s" in h), 0.0)], load)
+        (h["perf/tokens_per_s"] for h in reversed(history) if _number(h.get("perf/tokens_per_s"))), 0.0)], load)
     return {"train_loss": train_losses[-1] if train_losses else None, "val_losses": val_losses, "speed": speed,
             "tokens_per_s_mean": statistics.fmean(rates) if rates else None}
 

@@ -26,6 +26,9 @@ class Progress:
         step, tokens, val = int(state["step"]), int(state.get("tokens_seen", 0)), state.get("val") or {}
         if step < 0 or tokens < 0 or not isinstance(val, dict):
             raise ValueError(f"step {step}, tokens_seen {tokens}, val {type(val).__name__}: not a run's progress")
+        for key, value in val.items():  # the last evaluation's figures: numbers (NaN too), as a save writes them
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"val.{key} is {str(value)[:40]!r}, not a number")
         self.step, self.tokens_seen, self.last_val = step, tokens, val
 
 
