@@ -403,3 +403,21 @@ def test_a_summary_reads_only_numbers_from_an_edited_history():
                {"step": 3, "perf/tokens_per_s": "fast"}]
     out = summarize(history, [], [])
     assert out["train_loss"] == 3.0 and out["val_losses"] == [2.0]
+
+
+def test_a_resume_reads_an_edited_metrics_history_without_failing(trained, tmp_path):  # noqa: F811
+    """metrics.jsonl records whose keys were changed by a flipped bit (no "step", a string for
+    a speed): a resumed run keeps them as they are and times only the numbers."""
+    root, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(root / "outputs" / "run", run)
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "step_000006")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"step"', '"stEp"', 1)
+    lines[2] = json.dumps({**json.loads(lines[2]), "perf/tokens_per_s": "fast"})
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    r = run_cli("train", "data=text", f"data.paths=[{root / 'corpus'}/*]", *TINY, "train.steps=6", "train.eval_every=3",
+                "train.ckpt_every=3", f"hydra.run.dir={run}", cwd=root)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == 6

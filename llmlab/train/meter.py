@@ -14,6 +14,10 @@ from llmlab.perf import other_load, snapshot
 from llmlab.train.distributed import mean
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class LogWindow:
     """The training steps since the last log line. Losses stay tensors on the device (no
     sync per step); ``close`` reduces them over ranks and starts the next window. A resume in
@@ -80,8 +84,10 @@ class History:
 
     def __init__(self, previous: list[dict], log_every: int):
         self.records: list[dict] = list(previous)
+        # ``previous``: metrics.jsonl's records before a resume, a file a hand may have edited
         self.rates: list[float] = [h["perf/tokens_per_s"] for h in previous
-                                   if "perf/tokens_per_s" in h and h["step"] > log_every]
+                                   if _number(h.get("perf/tokens_per_s")) and _number(h.get("step"))
+                                   and h["step"] > log_every]
         self.loads: list[tuple[float, float]] = []
 
     def timed(self, tokens_per_s: float, seconds: float, load: float | None) -> None:
