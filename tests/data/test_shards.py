@@ -260,7 +260,7 @@ def test_meta_json_names_only_the_entrys_own_shards(tmp_path, name):
     (entry / "train").mkdir(parents=True)
     (tmp_path / "x").write_bytes(np.arange(10, dtype=np.uint16).tobytes())  # what ../../../x reaches
     np.arange(10, dtype=np.uint16).tofile(entry / "train" / "000000.bin")
-    meta = {"version": 3, "vocab_size": 257, "dtype": "uint16", "layout": "shards",
+    meta = {"version": 3, "vocab_size": 257, "dtype": "uint16", "layout": "shards", "eos": "<|endoftext|>",
             "train": {"tokens": 10, "bytes": 10, "docs": 1,
                       "shards": [{"file": name, "tokens": 10, "bytes": 10, "docs": 1}]},
             "val": {"tokens": 0, "bytes": 0, "docs": 0, "shards": []}}
