@@ -109,3 +109,9 @@ def describe(r: Rate, unit: str = "tok/s") -> str:
     if r.contended:
         text += f", contended: other work used {r.other_load:.0%} of the CPU"
     return text
+
+
+def is_number(value) -> bool:
+    """An int or float, not a bool: what a record read back from a file (metrics.jsonl,
+    state.json) must hold where a figure belongs."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -10,7 +10,7 @@ from typing import Any
 
 from llmlab import console
 from llmlab.model.transformer import ModelSpec, Transformer
-from llmlab.perf import describe, rate
+from llmlab.perf import describe, is_number as _number, rate
 
 # Decode speed in the summary: the same prompt length, new tokens and batch for every run (fewer
 # only where the context is shorter; the summary records the setting used).
@@ -46,10 +46,6 @@ def print_model_card(model: Transformer, card: dict[str, Any]) -> None:
                       + (f", at most {window} positions" if window is not None else ""))
     for caveat in card["caveats"]:
         console.err.print(f"warning: {caveat}", style="yellow")
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def summarize(history: list[dict], rates: list[float], loads: list[tuple[float, float]]) -> dict[str, Any]:

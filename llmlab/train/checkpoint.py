@@ -36,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
+from llmlab.perf import is_number
 from llmlab.files import clean_stale, disk_error, owned_tmp_dir, replace_dir
 from llmlab.train.recovery import MANIFEST, completeness, fsync_dir
 
@@ -124,7 +125,7 @@ def best_checkpoint(ckpt_root: Path) -> Path | None:
             loss = val.get("val/loss")
         except (OSError, ValueError, AttributeError):  # unreadable, or not the mappings a save writes
             continue
-        if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+        if is_number(loss) and math.isfinite(loss):
             scored.append((loss, path))
     return min(scored)[1] if scored else None
 
@@ -209,12 +210,6 @@ def damaged_checkpoints(ckpt_root: Path) -> list[tuple[int, Path, str]]:
         if q.is_dir() and m and (why := completeness(q)) is not None:
             out.append((int(m.group(1)), q, why))
     return sorted(out)
-
-
-def latest_in_run(run_dir: Path) -> Path | None:
-    """The latest complete checkpoint of one run directory, or None."""
-    found = list_checkpoints(Path(run_dir) / "checkpoints")
-    return found[-1] if found else None
 
 
 def latest_run_checkpoint(outputs: Path) -> Path:

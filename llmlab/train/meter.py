@@ -10,12 +10,8 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
 
-from llmlab.perf import other_load, snapshot
+from llmlab.perf import is_number as _number, other_load, snapshot
 from llmlab.train.distributed import mean
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class LogWindow:
