@@ -17,7 +17,7 @@ from typing import Callable, NoReturn
 from llmlab.errors import fail
 from llmlab.names import path_slug
 from llmlab.paths import conf_dir
-from llmlab.overrides import (expand_sweeps, first_sweep, hydra_overrides, keep_worker_ranks_out_of_outputs,
+from llmlab.overrides import (expand_sweeps, first_sweep, hydra_overrides, keep_worker_ranks_out_of_outputs, parse,
                               name_sweep_runs_by_swept_keys, name_train_sweep_by_its_overrides,
                               paths_to_runs_override, quote_free_text, split_args)
 
@@ -192,18 +192,14 @@ def _group_value_error(overrides: list[str], command: str = "train") -> str | No
     a ValueError): the group and its options. None when no override is such a case."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     if not GlobalHydra.instance().is_initialized():  # after Hydra's own app gave up
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=command):
             return _group_value_error(overrides, command)
     loader = GlobalHydra.instance().config_loader()
-    parser = OverridesParser.create()
     for text in overrides:
-        try:
-            o = parser.parse_override(text)
-        except Exception:
+        o = parse(text)
+        if o is None:
             continue
         value = o.value()
         if isinstance(value, str) or o.is_sweep_override():

@@ -4,6 +4,7 @@ directory names, torchrun ranks' scratch directories, report paths)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from pathlib import Path
@@ -17,6 +18,25 @@ _INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "search
 _NO_CHECK_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc",
                    "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 MAX_CHECKED_COMBINATIONS = 64
+
+
+@functools.lru_cache(maxsize=1024)
+def parse(arg: str):
+    """Hydra's reading of one override (an ``Override``), or None where its grammar refuses it.
+    One command line's overrides are asked about by the preflight, the sweep expansion, the
+    check of Hydra's own settings and the naming of sweep directories: each text is parsed
+    once per process. The result is shared, so callers only read it."""
+    try:
+        return _parser().parse_override(arg)
+    except Exception:  # Hydra's own composition reports what its grammar refuses
+        return None
+
+
+@functools.cache
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def _override_args(args: list[str]) -> list[str]:
@@ -56,14 +76,8 @@ def quote_free_text(arg: str, text_keys: tuple[str, ...] = ()) -> str:
     values: ``prompt=Hello, world`` is one prompt."""
     if arg.startswith("-") or "=" not in arg:
         return arg
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     key, value = arg.split("=", 1)
-    try:
-        parsed = OverridesParser.create().parse_override(arg)
-    except HydraException:
-        parsed = None
+    parsed = parse(arg)
     if parsed is not None and not (key in text_keys and parsed.is_sweep_override()):
         return arg
     if value[:1] in ("'", '"') and parsed is None:
@@ -80,12 +94,13 @@ def hydra_quote(value: str) -> str:
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
-    """Every combination of the sweep values in ``overrides`` (capped)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    """Every combination of the sweep values in ``overrides`` (capped). Raises Hydra's error
+    for an override its grammar cannot read."""
     choices = []
-    for text, o in zip(overrides, parsed):
+    for text in overrides:
+        o = parse(text)
+        if o is None:
+            _parser().parse_override(text)  # raises Hydra's own account of what it cannot read
         if o.is_sweep_override():
             try:
                 key = text.split("=", 1)[0]
@@ -101,27 +116,18 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
 def first_sweep(args: list[str]) -> str | None:
     """The first override among ``args`` that gives several values (``train.steps=1,2``,
     ``seed=range(3)``, ``glob(...)``): Hydra runs those only under ``-m``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
     for arg in _override_args(args):
-        try:
-            if parser.parse_override(arg).is_sweep_override():
-                return arg
-        except Exception:
-            continue  # Hydra reports what it cannot parse
+        o = parse(arg)  # None: Hydra reports what it cannot parse
+        if o is not None and o.is_sweep_override():
+            return arg
     return None
 
 
 def hydra_overrides(args: list[str]) -> list[str]:
     """The overrides of Hydra's own config among ``args`` (sweeps of them left to Hydra)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     def sweep(arg: str) -> bool:
-        try:
-            return OverridesParser.create().parse_override(arg).is_sweep_override()
-        except Exception:
-            return False  # Hydra reports what it cannot parse
+        o = parse(arg)  # None: Hydra reports what it cannot parse
+        return o is not None and o.is_sweep_override()
 
     return [a for a in _override_args(args) if _is_hydra_key(a) and not sweep(a)]
 
@@ -149,12 +155,9 @@ def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:
     fixed overrides go to Hydra's override_dirname exclude list."""
     if not {"-m", "--multirun"} & set(args) or any("override_dirname" in a for a in args):
         return args
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     overrides, _ = split_args(args)
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # preflight reports bad overrides
+    parsed = [parse(a) for a in overrides]
+    if None in parsed:  # preflight reports bad overrides
         return args
     fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override()})
     if not fixed:
