@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from llmlab.errors import UserError
 from llmlab.registry import bounded
 from llmlab.model.attention import decode_attention
 from llmlab.model.packing import packed_linears
@@ -77,7 +78,13 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gener
     """One token per row of ``logits`` (B, V) -> (B,)."""
     if cfg.temperature == 0:
         return penalize(logits, seen, cfg.repetition_penalty).argmax(dim=-1)
-    return torch.multinomial(token_probs(logits, cfg, seen), 1, generator=generator).squeeze(-1)
+    try:
+        return torch.multinomial(token_probs(logits, cfg, seen), 1, generator=generator).squeeze(-1)
+    except RuntimeError:
+        if not bool(logits.isfinite().all()):  # asked only when drawing failed: no cost per token
+            raise UserError("sampling: the model's next-token logits are not finite (nan or inf): its weights "
+                            "diverged in training or were damaged; sample an earlier checkpoint") from None
+        raise
 
 
 def seen_tokens(ids: torch.Tensor, vocab: int) -> torch.Tensor:

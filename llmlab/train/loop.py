@@ -236,7 +236,7 @@ class Trainer:
                 # is acted on after the next, so a stop always comes with its checkpoint
                 stopping = stop.check(done, steps)
                 if (loop.eval_every and done % loop.eval_every == 0) or done == steps:
-                    window.pause(self._evaluate, done, history, progress)  # eval time is not training time
+                    window.pause(self._evaluate, done, history, progress, ckpt)  # eval time is not training time
                 if (loop.ckpt_every and done % loop.ckpt_every == 0) or done == steps or stopping:
                     check_finite(float(mean(step_loss, self.dist)), done, ckpt)  # never save a diverged model
                     ckpt = window.pause(resume.save, self.resumable, self.record, self.dist)
@@ -374,11 +374,14 @@ class Trainer:
         else:  # the run's log file gets it all the same
             console.keep(f"step {done:>6}/{self.steps}  {status}")
 
-    def _evaluate(self, done: int, history: History, progress) -> None:
+    def _evaluate(self, done: int, history: History, progress, last_good: Path | None = None) -> None:
         self.progress.last_val, samples = self.evaluator(self.model)
         self._record({"step": done, **self.progress.last_val, "train/tokens": self.progress.tokens_seen}, history)
         self.logger.log_samples(samples, done)
         progress.console.print(val_line(done, self.progress.last_val))
+        # weights that overflow in the forward pass after the last update: the step's own loss
+        # (taken before it) was finite, the validation loss is not; nothing is saved after this
+        check_finite(self.progress.last_val["val/loss"], done, last_good, what="validation loss")
         for prompt, text in samples:
             progress.console.print(f"  {prompt!r} -> {text[:120]!r}", style="dim")
             if self.samples is not None:

@@ -142,7 +142,7 @@ def _load(part, state, what: str, ckpt: Checkpoint) -> None:
     number belongs, a list for a mapping) is one line naming the checkpoint and the part."""
     try:
         part.load_state_dict(state)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, OverflowError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise UserError(f"train.resume: {ckpt.path} holds a damaged {what}: {reason}; resume from another "
                         "checkpoint, or start over with train.resume=null") from None
@@ -164,7 +164,7 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
     if "optimizer" in state:
         try:
             load_optimizer_state(parts.model, parts.optimizer, state["optimizer"])
-        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError, OverflowError) as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise UserError(f"train.resume: {ckpt.path} holds a damaged optimizer state (trainer.pt): {reason}; "
                             "resume from another checkpoint, or start over with train.resume=null") from None

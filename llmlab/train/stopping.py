@@ -65,7 +65,7 @@ def how_to_continue(reason: str, done: int, ckpt_path, run_dir, in_sweep: bool) 
     return f"stopped by {reason} after step {done}; checkpoint {ckpt_path}. To continue, run {same}{where}"
 
 
-def check_finite(loss: float, step: int, last_good) -> None:
+def check_finite(loss: float, step: int, last_good, what: str = "loss") -> None:
     if not math.isfinite(loss):
-        raise UserError(f"training diverged: the loss is {loss} at step {step}; nothing was saved after it. "
+        raise UserError(f"training diverged: the {what} is {loss} at step {step}; nothing was saved after it. "
                         f"Last good checkpoint: {last_good or 'none'}. Try a lower optim.lr or train.grad_clip")

@@ -424,10 +424,16 @@ def _worker(args) -> int:
 
     work = Path(args.work)
     indices = range(args.part, args.cases, args.jobs)
+    counts = {"done": 0, "defects": 0}
     with open(work / f"part-{args.part}.jsonl", "w") as out:
         def progress(v: Verdict) -> None:
             out.write(json.dumps(record(v)) + "\n")
             out.flush()
+            counts["done"] += 1
+            counts["defects"] += v.outcome not in ("ok", "refused")
+            if counts["done"] % 100 == 0:  # a long run says how far it is
+                print(f"fuzz: process {args.part}: {counts['done']} of {len(indices)} cases, "
+                      f"{counts['defects']} defects so far", flush=True)
         run_cases(args.seed, indices, work, run_cli, base=work / "base", progress=progress)
     return 0
 

@@ -49,6 +49,17 @@ def test_a_repetition_penalty_near_zero_or_huge_stays_finite():
     assert penalize(logits, seen, 1e39)[0, 1] == -torch.finfo(torch.float32).max
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_sampling_from_logits_that_are_not_finite_is_one_line(bad):
+    """A model whose weights overflow gives NaN logits: drawing from them was torch's
+    RuntimeError ("probability tensor contains either inf, nan..."), now an error that says why."""
+    from llmlab.errors import UserError
+    from llmlab.sample.generate import next_token
+    logits = torch.tensor([[2.0, bad, 0.5, 3.0]])
+    with pytest.raises(UserError, match=r"^sampling: the model's next-token logits are not finite"):
+        next_token(logits, SamplingConfig(temperature=1.0), None)
+
+
 def test_filters_compose_and_greedy_is_one_hot():
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
     p = token_probs(logits, SamplingConfig(temperature=1.0, top_k=3, top_p=0.6))

@@ -1,6 +1,7 @@
 """The training loop in-process, on a small corpus."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,22 @@ def test_a_diverging_run_stops_without_saving(corpus_dir, tmp_path):
     from llmlab.train.checkpoint import list_checkpoints, load_checkpoint
     for ckpt in list_checkpoints(tmp_path / "run" / "checkpoints"):
         assert all(torch.isfinite(t).all() for t in load_checkpoint(ckpt).weights.values())
+
+
+def test_a_last_update_that_overflows_is_caught_by_the_final_evaluation(corpus_dir, tmp_path):
+    """The fuzzer's case: optim.lr=1e20 for 2 steps. Each step's own loss is taken before its
+    update, so both are finite; the weights after the last update overflow in the forward
+    pass. The final evaluation sees it, and nothing is saved or sampled (sampling NaN
+    probabilities was a traceback)."""
+    from llmlab.errors import UserError
+    cfg = config(corpus_dir, tmp_path, steps=2, log_every=1, eval_every=0, ckpt_every=0)
+    cfg["optim"]["lr"] = 1e20
+    with pytest.raises(UserError, match=r"^training diverged: the validation loss is (nan|inf) at step 2; "
+                                        r"nothing was saved after it"):
+        run_training(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").iterdir())
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [math.isfinite(r["train/loss"]) for r in steps if "train/loss" in r] == [True, True]
 
 
 def test_pruning_keeps_the_best_checkpoint(corpus_dir, tmp_path):
