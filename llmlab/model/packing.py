@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmlab.errors import ConfigError
+from llmlab.model.kept import kept_tensors
 
 # rows the packed layout is tuned for: any hint from 5 to 256 measured alike from 1 to 256 rows
 # (1 is worse from 5 rows on)
@@ -105,7 +106,7 @@ def packed_weight(linear: nn.Linear) -> torch.Tensor:
     key = (w.data_ptr(), w._version)
     hit = _packed.get(linear)
     if hit is None or hit[0] != key:
-        with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor, usable after inference mode
+        with kept_tensors():
             hit = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT))
         _packed[linear] = hit
     return hit[1]
@@ -134,7 +135,7 @@ def _time_one_row(out_features: int, in_features: int, bias: bool, samples: int 
     b = torch.randn(out_features, generator=gen) if bias else None
     x = torch.randn(1, 1, in_features, generator=gen)
     calls = max(1, min(50, 500_000 // (out_features * in_features)))
-    with torch.inference_mode(False), torch.no_grad():
+    with kept_tensors():
         packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
         runs = {"plain": lambda: F.linear(x, w, b), "packed": lambda: _linear(x, packed, b)}
         times: dict[str, list[float]] = {"plain": [], "packed": []}

@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from llmlab.model.kept import kept_tensors
 from llmlab.sample.generate import SamplingConfig, decoding, next_token, seen_tokens, token_probs
 
 
@@ -106,7 +107,7 @@ def shortlisted(model: nn.Module, ids: torch.Tensor | None) -> Iterator[None]:
     key = (head.weight.data_ptr(), head.weight._version, tuple(ids.tolist()))
     hit = _shortlists.get(model)
     if hit is None or hit[0] != key:
-        with torch.inference_mode(False), torch.no_grad():
+        with kept_tensors():
             hit = (key, ShortlistHead(head, ids))
         _shortlists[model] = hit
     model.lm_head = hit[1]

@@ -19,6 +19,7 @@ from torch import nn
 
 from llmlab.errors import UserError
 from llmlab.model.config import POSITION
+from llmlab.model.kept import kept_tensors
 
 
 class PositionView:
@@ -100,7 +101,7 @@ class RotaryTable:
         if table is None or table[0].shape[0] < self.length:
             # ordinary tensors, made outside autograd, even when the first forward decodes in
             # inference mode: training looks them up afterwards
-            with torch.inference_mode(False), torch.no_grad():
+            with kept_tensors():
                 table = rotary_table(torch.arange(self.length, device=positions.device), dim, self.theta)
             self.tables[key] = table
         return table[0][positions], table[1][positions]
