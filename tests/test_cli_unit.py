@@ -1,5 +1,7 @@
 """Pieces of the command line that need no subprocess."""
 
+from pathlib import Path
+
 import pytest
 
 from llmlab.overrides import expand_sweeps, hydra_overrides, quote_free_text, split_args
@@ -59,18 +61,19 @@ def test_ckpt_latest_finds_the_newest_checkpoint(tmp_path, monkeypatch):
     import time
 
     from llmlab.errors import UserError
-    from llmlab.train.checkpoint import resolve_checkpoint
+    from llmlab.train.checkpoint import load_checkpoint, latest_run_checkpoint
     from llmlab.train.recovery import REQUIRED
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match="no checkpoints under"):
-        resolve_checkpoint("latest")
+        load_checkpoint("latest")
     for i, run in enumerate(["outputs/train/a", "outputs/train-sweep/b/0"]):
         ckpt = tmp_path / run / "checkpoints" / "step_000010"
         ckpt.mkdir(parents=True)
         for name in REQUIRED:  # complete, as far as listing goes
             (ckpt / name).write_bytes(b"x")
         os.utime(ckpt / "model.safetensors", (time.time() + i, time.time() + i))
-    assert resolve_checkpoint("latest") == tmp_path / "outputs/train-sweep/b/0/checkpoints/step_000010"
+    # complete as far as listing goes: which one `ckpt=latest` names, before it is loaded
+    assert latest_run_checkpoint(Path("outputs")) == tmp_path / "outputs/train-sweep/b/0/checkpoints/step_000010"
 
 
 def test_added_overrides_join_the_users_so_flags_after_them_still_parse():

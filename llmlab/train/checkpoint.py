@@ -139,23 +139,6 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or a run directory (its latest complete checkpoint, by the
-    manifests alone; `load_checkpoint` also passes over one whose files do not load)."""
-    p = _existing(path)
-    if _is_checkpoint_dir(p):
-        return p
-    for root in (p / "checkpoints", p):
-        found = list_checkpoints(root)
-        if found:
-            return found[-1]
-        damaged = damaged_checkpoints(root)
-        if damaged:
-            _, q, why = damaged[-1]
-            raise UserError(f"ckpt: {p} has no complete checkpoint: the latest, {q}, is not complete ({why})")
-    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
-
-
 def _existing(path) -> Path:
     if path is None or str(path) in ("", "None", "???"):
         raise UserError("ckpt: no checkpoint given; pass ckpt=<checkpoint dir or run dir>")
@@ -197,19 +180,6 @@ def load_latest(ckpt_root: Path, trainer: bool = False) -> tuple[Checkpoint | No
                 why = str(e).removeprefix("ckpt: ").replace(f"{q}/", "").replace(f"{q} ", "it ")
         passed.append((step, q, why))
     return None, passed
-
-
-def damaged_checkpoints(ckpt_root: Path) -> list[tuple[int, Path, str]]:
-    """(step, path, what is wrong) of each checkpoint directory under ``ckpt_root`` that is not
-    complete, oldest first."""
-    if not Path(ckpt_root).is_dir():
-        return []
-    out = []
-    for q in Path(ckpt_root).iterdir():
-        m = STEP_DIR.match(q.name)
-        if q.is_dir() and m and (why := completeness(q)) is not None:
-            out.append((int(m.group(1)), q, why))
-    return sorted(out)
 
 
 def latest_run_checkpoint(outputs: Path) -> Path:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmlab.errors import UserError
-from llmlab.train.checkpoint import build_model, list_checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint
+from llmlab.train.checkpoint import build_model, list_checkpoints, load_checkpoint, save_checkpoint
 from tests.conftest import tiny_model
 
 
@@ -47,8 +47,8 @@ def test_keeps_the_last_n_and_leaves_no_temporaries(saved):
 
 def test_run_dir_resolves_to_the_latest(saved):
     _, run, paths = saved
-    assert resolve_checkpoint(run) == paths[-1]
-    assert resolve_checkpoint(run / "checkpoints") == paths[-1]
+    assert load_checkpoint(run).path == paths[-1]
+    assert load_checkpoint(run / "checkpoints").path == paths[-1]
 
 
 def test_a_damaged_latest_checkpoint_is_named_not_passed_over_in_silence(saved, tmp_path, capsys):
@@ -64,7 +64,6 @@ def test_a_damaged_latest_checkpoint_is_named_not_passed_over_in_silence(saved, 
     run = Path(shutil.copytree(run, tmp_path / "copy"))
     latest, older = run / "checkpoints" / paths[-1].name, run / "checkpoints" / paths[-2].name
     (latest / "model.json").write_text("{}")
-    assert resolve_checkpoint(run) == older  # by the manifests alone
     assert load_checkpoint(run).path == older
     err = capsys.readouterr().err
     assert f"passing over {latest}" in err and "model.json is truncated or corrupt" in err and f"using {older}" in err
