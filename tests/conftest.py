@@ -87,6 +87,17 @@ def check_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd)
 
 
+def the_error_line(stderr: str) -> str | None:
+    """The refusal in ``stderr`` when it is one ``llmlab: error:`` line, and the last line
+    (progress lines may come before it); None for anything else (several error lines, a
+    traceback's last line, none)."""
+    err = stderr.strip()
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    if len(errors) != 1 or not errors[0].startswith("llmlab: error: ") or err.splitlines()[-1] != errors[0]:
+        return None
+    return errors[0]
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
             process: bool = False, preexec_fn=None) -> subprocess.CompletedProcess:
     """``llmlab <args>`` in ``cwd``, as a user runs it, with the cache in ``cwd/.cache`` and

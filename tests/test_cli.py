@@ -11,7 +11,7 @@ import torch
 
 from llmlab.model.attention import ATTENTION
 from llmlab.model.packing import packing_supported
-from tests.conftest import check_cli, run_cli, tiny_model
+from tests.conftest import check_cli, run_cli, the_error_line, tiny_model
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
         "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
@@ -20,14 +20,12 @@ TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_se
 
 def one_line_error(result, code: int, *fragments: str) -> str:
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    err = result.stderr.strip()
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
-    errors = [line for line in err.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1, err  # progress bars may come before it; one error line, the last
-    assert errors[0].startswith("llmlab: error: ") and err.splitlines()[-1] == errors[0]
+    line = the_error_line(result.stderr)
+    assert line is not None, result.stderr.strip()  # progress bars may come before it; one error line, the last
     for fragment in fragments:
-        assert fragment in errors[0], (fragment, errors[0])
-    return errors[0]
+        assert fragment in line, (fragment, line)
+    return line
 
 
 def test_no_command_lists_the_commands(tmp_path):

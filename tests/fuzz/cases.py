@@ -363,11 +363,11 @@ def judge(case: Case, case_dir: Path, base: Path, base_digest: dict, run_cli: Ca
         if after != older_before:
             return Verdict(case, r.returncode, "older-ckpt", "step_000003 changed or vanished")
     if r.returncode != 0:
-        errors = [line for line in r.stderr.strip().splitlines() if "error" in line.lower()]
-        last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
-        if len(errors) != 1 or not errors[0].startswith("llmlab: error: ") or last != errors[0]:
+        from tests.conftest import the_error_line
+        line = the_error_line(r.stderr)
+        if line is None:
             return Verdict(case, r.returncode, "multi-line", last_lines(r.stderr))
-        return Verdict(case, r.returncode, "refused", errors[0][:200])
+        return Verdict(case, r.returncode, "refused", line[:200])
     newest = ckpts / f"step_{STEPS:06d}"
     if case.on_run_dir and case.what.startswith(newest.name) and str(older) in text and str(newest) not in text:
         return Verdict(case, 0, "silent-fallback", "used step_000003 without a word about the newest")
