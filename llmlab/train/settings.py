@@ -14,7 +14,7 @@ from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
 from llmlab.names import parse_flops, run_id
-from llmlab.registry import Checked, bounded, choice, parse_dataclass, section
+from llmlab.registry import INT64, Checked, bounded, choice, parse_dataclass, section
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim_config import OPTIMIZER
@@ -72,7 +72,11 @@ class LoopConfig(Checked):
                 raise ConfigError(f"train.max_flops: {budget:.3g} is less than one step, which takes "
                                   f"{per_step:.3g} FLOPs ({flops_per_token:,} FLOPs/token x {tokens_per_step:,} "
                                   "tokens/step)")
-            return math.ceil(budget / per_step)
+            steps = math.ceil(budget / per_step)
+            if steps >= INT64:  # 1e40: a run that never ends, and a step count no tensor holds
+                raise ConfigError(f"train.max_flops: {budget:.3g} is {steps:.3g} steps of {per_step:.3g} FLOPs, "
+                                  f"past the {INT64 - 1:,} a run can count; give a smaller budget")
+            return steps
         return self.steps
 
 

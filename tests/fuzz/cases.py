@@ -327,8 +327,9 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
 
 
 # -- the oracle ---------------------------------------------------------------------------------
-class Hang(Exception):
-    pass
+class Hang(BaseException):
+    """Raised by the alarm: a BaseException, so that the in-process command's own handler
+    (which prints what an uncaught Exception would) lets it through as a hang."""
 
 
 def judge(case: Case, case_dir: Path, base: Path, base_digest: dict, run_cli: Callable) -> Verdict:

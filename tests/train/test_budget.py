@@ -37,6 +37,10 @@ def test_max_flops_gives_the_steps_of_the_model_card(kind, d_model):
     assert product.max_flops == "1e10*3"  # the check reads the setting and leaves it as written
     with pytest.raises(ConfigError, match=r"^train.max_flops: 1e\+03 is less than one step, which takes 6.4e\+03"):
         LoopConfig(max_flops=1e3).planned_steps(64, 100)
+    # a budget of more steps than a run can count never ends (found by the fuzzer: train.max_flops=1e40)
+    with pytest.raises(ConfigError, match=r"^train.max_flops: 1e\+40 is 1.56e\+36 steps of 6.4e\+03 FLOPs, past the "
+                                          r"9,223,372,036,854,775,807 a run can count"):
+        LoopConfig(max_flops=1e40).planned_steps(64, 100)
 
 
 @pytest.mark.parametrize("value, message", [
