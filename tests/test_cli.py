@@ -153,20 +153,26 @@ def test_corpus_smaller_than_one_block(tmp_path):
     one_line_error(r, 1, "fewer than one block")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """tokenize, then train a tiny model for a few steps, as a user would."""
+def train_a_tiny_run(tmp_path_factory, process: bool):
+    """tokenize, then train a tiny model for a few steps, as a user would: in fresh processes
+    (``process``), or in this one (the same code, without two interpreters' start-up)."""
     from tests.conftest import write_corpus
     root = tmp_path_factory.mktemp("e2e")
     corpus = write_corpus(root, repeat=3)
     data = ["data=text", f"data.paths=[{corpus}/*]"]
-    tok = run_cli("tokenize", *data, "tokenizer=byte", process=True, cwd=root)
+    tok = run_cli("tokenize", *data, "tokenizer=byte", process=process, cwd=root)
     assert tok.returncode == 0, tok.stderr
     assert "bytes/token" in tok.stdout
     train = run_cli("train", *data, *TINY, "train.steps=6", "train.eval_every=3", "train.ckpt_every=3",
-                    "hydra.run.dir=outputs/run", process=True, cwd=root)
+                    "hydra.run.dir=outputs/run", process=process, cwd=root)
     assert train.returncode == 0, train.stderr
     return root, train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The run these tests share, made by real `llmlab tokenize` and `llmlab train` processes."""
+    return train_a_tiny_run(tmp_path_factory, process=True)
 
 
 def test_train_writes_a_run_directory(trained):

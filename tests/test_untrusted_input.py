@@ -11,10 +11,16 @@ import pytest
 import yaml
 
 from tests.conftest import check_cli, run_cli
-from tests.test_cli import TINY, one_line_error, trained  # noqa: F401 (a fixture)
+from tests.test_cli import TINY, one_line_error, train_a_tiny_run
 
 
-def copy_checkpoint(trained, tmp_path: Path) -> Path:  # noqa: F811
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """test_cli's tiny run, made in this process (test_cli makes it in real processes)."""
+    return train_a_tiny_run(tmp_path_factory, process=False)
+
+
+def copy_checkpoint(trained, tmp_path: Path) -> Path:
     from llmlab.train.checkpoint import list_checkpoints
     root, _ = trained
     src = list_checkpoints(root / "outputs" / "run" / "checkpoints")[-1]
@@ -23,7 +29,7 @@ def copy_checkpoint(trained, tmp_path: Path) -> Path:  # noqa: F811
     return dst
 
 
-def test_report_never_resolves_what_a_run_directory_says(trained, tmp_path):  # noqa: F811
+def test_report_never_resolves_what_a_run_directory_says(trained, tmp_path):
     root, _ = trained
     shared = tmp_path / "shared"
     for i, lr in enumerate(["${oc.env:LLMLAB_TEST_SECRET}", "0.001"]):
@@ -47,7 +53,7 @@ def test_report_never_resolves_what_a_run_directory_says(trained, tmp_path):  # 
     ("summary-size", "params_non_embedding is 'lots', not a number"),  # the scaling fit's N
     ("summary-tokens", "tokens is -5; it must be > 0"),  # and its D
 ])
-def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, fragment):  # noqa: F811
+def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, fragment):
     root, _ = trained
     run = tmp_path / "run"
     shutil.copytree(root / "outputs" / "run", run, ignore=shutil.ignore_patterns("checkpoints"))
@@ -67,7 +73,7 @@ def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, f
     one_line_error(run_cli("report", str(run), cwd=tmp_path), 1, fragment)
 
 
-def test_eval_never_opens_a_file_a_checkpoint_names(trained, tmp_path):  # noqa: F811
+def test_eval_never_opens_a_file_a_checkpoint_names(trained, tmp_path):
     """A downloaded checkpoint whose config names a local file, with no cache entry here:
     eval asks for the data in one line, and nothing of the file reaches the cache."""
     ckpt = copy_checkpoint(trained, tmp_path)
@@ -105,7 +111,7 @@ def _rewrite_manifest(ckpt: Path) -> None:
     ("vocab-text", "model.json: vocab_size must be a positive integer"),
     ("step", "is named for step 6 but its state.json records step 2"),
 ])
-def test_a_damaged_or_hostile_checkpoint_is_one_line(trained, tmp_path, damage, fragment):  # noqa: F811
+def test_a_damaged_or_hostile_checkpoint_is_one_line(trained, tmp_path, damage, fragment):
     ckpt = copy_checkpoint(trained, tmp_path)
     if damage == "state-list":
         (ckpt / "state.json").write_text("[]")
@@ -137,7 +143,7 @@ def test_a_damaged_or_hostile_checkpoint_is_one_line(trained, tmp_path, damage, 
         one_line_error(run_cli("eval", f"ckpt={ckpt}", cwd=tmp_path), 1, fragment)
 
 
-def test_resume_with_another_tokenizer_is_refused(trained, tmp_path):  # noqa: F811
+def test_resume_with_another_tokenizer_is_refused(trained, tmp_path):
     from tests.conftest import write_corpus
     root, _ = trained
     corpus = write_corpus(tmp_path)
@@ -173,7 +179,7 @@ def test_a_corpus_of_empty_files_is_refused(tmp_path):
                                                          if not p.name.startswith(".")]
 
 
-def test_a_prompt_file_that_is_not_utf8(trained, tmp_path):  # noqa: F811
+def test_a_prompt_file_that_is_not_utf8(trained, tmp_path):
     root, _ = trained
     bad = tmp_path / "prompts.txt"
     bad.write_bytes(b"caf\xe9\n")
@@ -189,7 +195,7 @@ def test_a_malformed_local_jsonl_dataset(tmp_path):
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_a_shard_with_ids_past_the_vocabulary_is_one_line(trained, tmp_path, split):  # noqa: F811
+def test_a_shard_with_ids_past_the_vocabulary_is_one_line(trained, tmp_path, split):
     """Bytes of the right size that decode to ids at or above the vocabulary (a damaged shard):
     one line naming the entry, before an embedding lookup fails (a device-side assert on CUDA)."""
     import numpy as np
@@ -206,7 +212,7 @@ def test_a_shard_with_ids_past_the_vocabulary_is_one_line(trained, tmp_path, spl
 
 
 @pytest.mark.parametrize("damage", ["deleted", "a folder"])
-def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained, tmp_path, damage):  # noqa: F811
+def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained, tmp_path, damage):
     """An entry whose meta.json is gone (or is a folder) is not an entry: it is moved aside
     under a name that says so, with a warning, and the data is prepared again."""
     root, _ = trained
@@ -237,7 +243,7 @@ def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained,
     ("eos", "<deleted>", "eos must be a string or null"),
 ])
 @pytest.mark.parametrize("command", ["tokenize", "train"])
-def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, field, value, named, command):  # noqa: F811
+def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, field, value, named, command):
     root, _ = trained
     cache = tmp_path / ".cache"
     shutil.copytree(root / ".cache", cache)
@@ -259,7 +265,7 @@ def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, fi
 
 
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
-def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: F811
+def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):
     root, _ = trained
     cache = tmp_path / ".cache"
     shutil.copytree(root / ".cache", cache)
@@ -274,7 +280,7 @@ def test_a_damaged_cache_shard_is_one_line(trained, tmp_path, damage):  # noqa: 
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_tokenize_reads_every_shard_back_against_its_checksum(trained, tmp_path, split):  # noqa: F811
+def test_tokenize_reads_every_shard_back_against_its_checksum(trained, tmp_path, split):
     """A byte flipped in place that still gives a valid id: the sizes agree and every id is in
     the vocabulary, so only the CRC-32 recorded when the shard was written tells. llmlab
     tokenize on the existing entry reads every shard back, says so, and names the changed one."""
@@ -295,7 +301,7 @@ def test_tokenize_reads_every_shard_back_against_its_checksum(trained, tmp_path,
     one_line_error(r, 1, f"{shard} changed since it was written (CRC-32", "delete")
 
 
-def test_a_shard_without_a_recorded_checksum_is_said_to_be_unchecked(trained, tmp_path):  # noqa: F811
+def test_a_shard_without_a_recorded_checksum_is_said_to_be_unchecked(trained, tmp_path):
     root, _ = trained
     cache = tmp_path / ".cache"
     shutil.copytree(root / ".cache", cache)
@@ -313,7 +319,7 @@ def test_a_shard_without_a_recorded_checksum_is_said_to_be_unchecked(trained, tm
     ("truncated weights", "model.safetensors is truncated or corrupt"),
     ("trainer.pt edited, manifest agrees", "trainer.pt is unreadable"),
 ])
-def test_a_resume_past_a_damaged_checkpoint_says_so_and_sets_it_aside(trained, tmp_path, damage, why):  # noqa: F811
+def test_a_resume_past_a_damaged_checkpoint_says_so_and_sets_it_aside(trained, tmp_path, damage, why):
     """A resume passes over a damaged newest checkpoint only aloud: it names it and why, sets
     it aside under a name that says so (its bytes kept), says how many steps it falls back,
     and trains those steps again into a new checkpoint beside it."""
@@ -348,7 +354,7 @@ def test_a_resume_past_a_damaged_checkpoint_says_so_and_sets_it_aside(trained, t
 
 
 @pytest.mark.parametrize("content", [b'{"steps": 6, "val_lo', b'[1, 2]', b"\xff\xfe"])
-def test_a_finished_run_with_a_damaged_summary_sets_it_aside_and_writes_it_again(trained, tmp_path, content):  # noqa: F811
+def test_a_finished_run_with_a_damaged_summary_sets_it_aside_and_writes_it_again(trained, tmp_path, content):
     root, _ = trained
     run = tmp_path / "run"
     shutil.copytree(root / "outputs" / "run", run)
@@ -363,7 +369,7 @@ def test_a_finished_run_with_a_damaged_summary_sets_it_aside_and_writes_it_again
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", ".hydra/overrides.yaml"])
-def test_a_directory_where_a_run_file_belongs_is_one_line(trained, tmp_path, name):  # noqa: F811
+def test_a_directory_where_a_run_file_belongs_is_one_line(trained, tmp_path, name):
     root, _ = trained
     run = tmp_path / "run"
     shutil.copytree(root / "outputs" / "run", run)
@@ -375,7 +381,7 @@ def test_a_directory_where_a_run_file_belongs_is_one_line(trained, tmp_path, nam
     one_line_error(r, 1, f"({run / name}): a directory stands where a file belongs")
 
 
-def test_a_resume_from_a_state_with_a_string_for_a_loss_is_one_line(trained, tmp_path):  # noqa: F811
+def test_a_resume_from_a_state_with_a_string_for_a_loss_is_one_line(trained, tmp_path):
     """state.json edited, its manifest made to agree: the last evaluation's loss a string. The
     resume names the file and the field; it does not fail at the end comparing it."""
     from llmlab.train.recovery import MANIFEST
@@ -405,7 +411,7 @@ def test_a_summary_reads_only_numbers_from_an_edited_history():
     assert out["train_loss"] == 3.0 and out["val_losses"] == [2.0]
 
 
-def test_a_resume_reads_an_edited_metrics_history_without_failing(trained, tmp_path):  # noqa: F811
+def test_a_resume_reads_an_edited_metrics_history_without_failing(trained, tmp_path):
     """metrics.jsonl records whose keys were changed by a flipped bit (no "step", a string for
     a speed): a resumed run keeps them as they are and times only the numbers."""
     root, _ = trained
