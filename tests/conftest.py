@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# The suite's processes share the cores with a second pytest worker (and on a busy machine with
+# more): a command started as a subprocess with torch's default of a thread per core waits for
+# a busy core at every parallel region. Tiny models' training steps ran 2.5-3x slower that way
+# (60 steps of a d 128 model beside a test run: 43 s against 13 s). One thread each, as in the
+# tests' own process (`one_thread` below), unless the environment already says otherwise.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402 (after the thread setting, which torch reads as it loads)
 
 from llmlab.model.transformer import ModelSpec, Transformer
 
@@ -31,7 +39,7 @@ def one_thread():
     """The tests' models are tiny: a second intra-op thread costs more in start-up than it
     saves, and on a busy machine every extra thread waits for a core (the speculative-decoding
     tests, 1,500 short generations each, ran 4x slower with two threads under load). Commands
-    the tests start as subprocesses keep torch's own default."""
+    the tests start as subprocesses get one thread too, through OMP_NUM_THREADS (above)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
