@@ -13,7 +13,8 @@ import pytest
 from tests.test_cli import TINY
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+# one signal in the fast tier: both reach the same handler (`StopPolicy`); SIGTERM in the slow one
+@pytest.mark.parametrize("sig", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
 def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, sig):
     import os
     import signal
@@ -43,6 +44,7 @@ def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, sig):
     assert summary["steps"] == int(ckpts[0].split("_")[1])
 
 
+@pytest.mark.slow  # two sweeps in fresh processes; the fast tier has the signal in one run and a sweep resumed
 def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_path):
     """^C in job 0 of a sweep: job 0 saves and the sweep ends there with status 0 (job 1 is not
     started); the same command then resumes job 0, runs job 1 and writes the report."""
@@ -86,6 +88,7 @@ def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_pat
     assert [g["seeds"] for g in report["groups"]] == [2]
 
 
+@pytest.mark.slow  # the fast tier kills re-saves at random moments (test_faults) and resumes (test_loop)
 def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
     """SIGKILL at an arbitrary moment (perhaps inside a save): every checkpoint left behind
     loads whole, and the same command resumes from the latest one."""
