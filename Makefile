@@ -64,6 +64,7 @@ bench-long: install  ## the hour-long studies: tokenize at 200 MB / 1 GB / 2 GB,
 	$(PYTHON) -m bench.isoflop
 
 bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, and its kernel-time split; results go to bench/results/
+	$(PYTHON) -m bench.cuda_check
 	$(PYTHON) -m bench.gpu --batch-size 32
 	$(PYTHON) -m bench.gpu_probe --variants base,flash --profile --name gpu_probe_attention
 	$(PYTHON) -m bench.gpu_probe --variants base,plainloss,bs64 --profile --name gpu_probe_head_loss
