@@ -64,6 +64,35 @@ def _project(alpha: float, beta: float, ln: np.ndarray, ld: np.ndarray, y: np.nd
     return coef, float(rnorm) ** 2
 
 
+def _grid_sse(exps: np.ndarray, ln: np.ndarray, ld: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`_project`'s sum of squared residuals at every (alpha, beta) of ``exps`` x ``exps``, by
+    exact NNLS for three coefficients: the least-squares solution on each face of the
+    non-negative orthant (each subset of the columns), the lowest residual among the faces
+    whose solution is non-negative. Vectorised over the grid through the normal equations."""
+    u = np.exp(-exps[:, None] * ln[None, :])  # (G, runs): N^-alpha for each alpha
+    v = np.exp(-exps[:, None] * ld[None, :])  # D^-beta for each beta
+    shape = (len(exps), len(exps))
+    g = np.empty(shape + (3, 3))
+    g[..., 0, 0] = len(y)
+    g[..., 0, 1] = g[..., 1, 0] = u.sum(1)[:, None]
+    g[..., 0, 2] = g[..., 2, 0] = v.sum(1)[None, :]
+    g[..., 1, 1] = (u * u).sum(1)[:, None]
+    g[..., 2, 2] = (v * v).sum(1)[None, :]
+    g[..., 1, 2] = g[..., 2, 1] = u @ v.T
+    h = np.empty(shape + (3,))
+    h[..., 0], h[..., 1], h[..., 2] = y.sum(), (u @ y)[:, None], (v @ y)[None, :]
+    yy = float(y @ y)
+    best = np.full(shape, yy)  # the empty face: all coefficients 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for face in ([0], [1], [2], [0, 1], [0, 2], [1, 2], [0, 1, 2]):
+            gf, hf = g[..., face, :][..., :, face], h[..., face]
+            coef = np.linalg.solve(gf, hf[..., None])[..., 0] if len(face) > 1 else hf / gf[..., 0]
+            sse = yy - (coef * hf).sum(-1)
+            ok = np.all(coef >= 0, axis=-1) & np.isfinite(sse)
+            best = np.where(ok & (sse < best), sse, best)
+    return np.maximum(best, 0.0)
+
+
 def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], grid: int = GRID,
                 xatol: float = 1e-6, maxiter: int = 2000) -> Surface:
     """Least-squares fit of L = E + A N^-alpha + B D^-beta (E, A, B >= 0) by variable
@@ -77,9 +106,12 @@ def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], g
     n0, d0 = np.exp(np.log(n).mean()), np.exp(np.log(d).mean())
     ln, ld = np.log(n / n0), np.log(d / d0)
     exps = np.linspace(*EXPONENTS, grid)
-    sse = np.array([[_project(a, b, ln, ld, y)[1] for b in exps] for a in exps])
-    i, j = np.unravel_index(np.argmin(sse), sse.shape)
-    best, value = np.array([exps[i], exps[j]]), sse[i, j]
+    # the grid at once through the normal equations, then its few best points again by NNLS
+    # itself (the normal equations lose digits where an exponent is near 0)
+    rough = _grid_sse(exps, ln, ld, y)
+    candidates = [np.unravel_index(k, rough.shape) for k in np.argsort(rough, axis=None)[:3]]
+    value, i, j = min((_project(exps[i], exps[j], ln, ld, y)[1], i, j) for i, j in candidates)
+    best = np.array([exps[i], exps[j]])
     refined = minimize(lambda p: _project(p[0], p[1], ln, ld, y)[1], best, method="Nelder-Mead",
                        bounds=[EXPONENTS, EXPONENTS], options={"xatol": xatol, "fatol": 1e-16, "maxiter": maxiter})
     if refined.fun < value:
