@@ -303,8 +303,16 @@ def test_impossible_shapes_are_config_errors():
         tiny_spec(ffn={"kind": "moe", "n_experts": 2, "top_k": 3})
 
 
-@pytest.mark.parametrize("attn", ATTENTION.names())
-@pytest.mark.parametrize("pos", POSITION.names())
+# RoPE and ALiBi act inside attention (a rotation of q and k, a bias on the scores), so each
+# attention kind is compiled with both; the other positions are added to the embeddings, once
+# for all kinds: their pairs with the other kinds run in the slow tier (make test-all)
+INSIDE_ATTENTION = ("rope", "alibi")
+COMPILE_PAIRS = [pytest.param(attn, pos, id=f"{pos}-{attn}",
+                              marks=() if pos in INSIDE_ATTENTION or attn == "mha" else pytest.mark.slow)
+                 for pos in POSITION.names() for attn in ATTENTION.names()]
+
+
+@pytest.mark.parametrize("attn, pos", COMPILE_PAIRS)
 def test_training_forward_compiles_to_one_graph(attn, pos):
     """torch.compile sees the whole training forward as one graph: no host sync or
     data-dependent branch (a graph break costs throughput on a GPU at every step)."""

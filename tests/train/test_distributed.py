@@ -60,17 +60,14 @@ STAGES = [
 ]
 
 
-def test_two_ranks_follow_the_one_process_curve_through_ddp_fsdp_and_context_parallel(one_process, tmp_path):
-    """Same global batch throughout: the loss at each of the 10 steps agrees with one process's
-    within 1e-5, though the ranks fuse the head and loss and the one process does not. DDP runs
-    steps 1-3 and saves; FSDP2 loads that checkpoint into sharded parameters, runs 4-6 and saves
-    from them; two ranks sharing each sequence (ring attention) load FSDP's checkpoint and
-    finish. The finished run is then not trained again."""
+def follow_the_stages(stages: list, one_process: dict[int, float], tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run ``stages`` in turn, each resuming from the last; at each, the losses so far agree
+    with one process's within 1e-5. The last stage's result."""
     # the ranks use the fused head-and-loss (its gradients reach DDP's and FSDP's hooks from a
     # custom autograd function); the one process the plain head
     base = [*common(tmp_path), "train.head_loss=fused", "hydra.run.dir=run"]
     stopped_at = 0
-    for parallel, split, stop in STAGES:
+    for parallel, split, stop in stages:
         args = [*base, *split, *([f"train.max_steps={stop}"] if stop < STEPS else [])]
         r = torchrun(*args, cwd=tmp_path)
         assert r.returncode == 0, (parallel, r.stderr[-3000:])
@@ -87,14 +84,32 @@ def test_two_ranks_follow_the_one_process_curve_through_ddp_fsdp_and_context_par
         assert sorted(got) == list(range(1, stop + 1)), parallel  # a resumed run's records replace nothing twice
         for step in range(1, stop + 1):
             assert got[step] == pytest.approx(one_process[step], abs=1e-5), (parallel, step)
+    # only rank 0 writes: one run directory, one log line per step, nothing else in outputs/
+    assert not (tmp_path / "outputs").exists()
+    return r
+
+
+def test_two_ranks_follow_the_one_process_curve_through_ddp_then_fsdp(one_process, tmp_path):
+    """Same global batch: the loss at each step agrees with one process's within 1e-5, though
+    the ranks fuse the head and loss and the one process does not. DDP runs steps 1-3 and
+    saves; FSDP2 loads that checkpoint into sharded parameters and runs 4-6. (The slow tier
+    goes on with ring attention and the finished run.)"""
+    follow_the_stages(STAGES[:2], one_process, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_ranks_follow_the_one_process_curve_through_ddp_fsdp_and_context_parallel(one_process, tmp_path):
+    """As above, then two ranks sharing each sequence (ring attention) load FSDP's checkpoint
+    and finish; the finished run is then not trained again."""
+    r = follow_the_stages(STAGES, one_process, tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["parallel"] == "ddp" and summary["context_parallel"] == 2
     assert summary["steps"] == STEPS and summary["tokens"] == STEPS * 4 * 32
-    # only rank 0 writes: one run directory, one log line per step, nothing else in outputs/
-    assert not (tmp_path / "outputs").exists()
     assert r.stdout.count("done: ") == 1
+    got = losses(tmp_path / "run")
 
     # a finished run is not trained again (the run directory holds the last stage's config now)
+    base = [*common(tmp_path), "train.head_loss=fused", "hydra.run.dir=run"]
     again = torchrun(*base, "train.batch_size=4", "train.context_parallel=2", cwd=tmp_path)
     assert again.returncode == 0 and "finished already" in again.stdout, again.stdout + again.stderr[-3000:]
     assert losses(tmp_path / "run") == got
