@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         try:
             try:
-                app()
+                with mode_from_flags(rest):
+                    app()
             except Exception as e:
                 if not (showing and _names_an_unloaded_kind(e)):
                     raise
@@ -367,6 +368,26 @@ def register_resolvers() -> None:
     from omegaconf import OmegaConf
     if not OmegaConf.has_resolver("slug"):
         OmegaConf.register_new_resolver("slug", path_slug)
+
+
+@contextlib.contextmanager
+def mode_from_flags(args: list[str]):
+    """Hydra composes a command's whole config once only to read ``hydra.mode``, before it
+    composes it again to run (0.3-0.5 s a composition). Nothing llmlab ships sets that key, so
+    unless the command line does (``hydra.mode=...`` or a ``hydra/...`` group), the mode is
+    what -m says, which is what Hydra does when the key is unset: skip that composition."""
+    from hydra._internal.hydra import Hydra
+
+    names_mode = any(a.lstrip("+~").startswith(("hydra.mode", "hydra/")) for a in args)
+    if names_mode or not callable(getattr(Hydra, "get_mode", None)):
+        yield
+        return
+    original = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: None
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original
 
 
 def hydra_app(command: str, declared) -> Callable:
