@@ -498,3 +498,22 @@ def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
               "hydra.run.dir=run", cwd=tmp_path)
     assert (tmp_path / "run" / "summary.json").is_file()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("args, skipped", [(["train.steps=1"], True), (["-m", "seed=0,1"], True),
+                                           (["hydra.mode=MULTIRUN"], False), (["+hydra.mode=RUN"], False),
+                                           (["hydra/launcher=basic"], False)])
+def test_hydra_takes_the_mode_from_the_flags_unless_the_command_line_sets_it(args, skipped):
+    """Hydra composes the whole config once just to read hydra.mode; llmlab skips that
+    composition (the mode is then -m's, as when the key is unset) unless the command line could
+    set the key, and puts Hydra back as it was after."""
+    from hydra._internal.hydra import Hydra
+
+    from llmlab.cli import mode_from_flags
+
+    original = Hydra.get_mode
+    with mode_from_flags(args):
+        assert (Hydra.get_mode is not original) == skipped
+        if skipped:
+            assert Hydra.get_mode(None, "train", args) is None
+    assert Hydra.get_mode is original
