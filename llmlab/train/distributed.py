@@ -205,5 +205,17 @@ def full_optimizer_state(model: nn.Module, optimizer, dist: Dist) -> dict | None
 
 
 def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
+    """``state`` (as `full_optimizer_state` saved it) into ``optimizer``; ValueError when what
+    landed on a parameter does not fit it. A hand-edited state (param_groups emptied, say) can
+    load without complaint yet pair one parameter's moments with another's, and the fused
+    kernels would then read past their buffers."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(model, optimizers_of(optimizer), state, options=StateDictOptions(full_state_dict=True))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for opt in optimizers_of(optimizer):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                for key, value in opt.state.get(p, {}).items():
+                    if torch.is_tensor(value) and value.dim() > 0 and (value.shape != p.shape or value.dtype != p.dtype):
+                        raise ValueError(f"the {key} of {names.get(id(p), 'a parameter')} is {value.dtype} "
+                                         f"{tuple(value.shape)}, not {p.dtype} {tuple(p.shape)} as the parameter")

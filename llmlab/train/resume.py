@@ -137,11 +137,12 @@ class RunRecord:
     token_counts: Callable[[], Any]
 
 
-def _load(part, state, what: str, ckpt: Checkpoint) -> None:
-    """``part.load_state_dict(state)``; a state a hand or a bad disk changed (a string where a
-    number belongs, a list for a mapping) is one line naming the checkpoint and the part."""
+def _load(load: Callable[[Any], Any], state, what: str, ckpt: Checkpoint) -> None:
+    """``load(state)`` (a part's ``load_state_dict``); a state a hand or a bad disk changed (a
+    string where a number belongs, a list for a mapping) is one line naming the checkpoint and
+    the part."""
     try:
-        part.load_state_dict(state)
+        load(state)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, OverflowError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise UserError(f"train.resume: {ckpt.path} holds a damaged {what}: {reason}; resume from another "
@@ -162,24 +163,21 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
                           "the curve differs from an uninterrupted run", style="yellow")
         state = {}
     if "optimizer" in state:
-        try:
-            load_optimizer_state(parts.model, parts.optimizer, state["optimizer"])
-        except (ValueError, TypeError, KeyError, IndexError, RuntimeError, OverflowError) as e:
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise UserError(f"train.resume: {ckpt.path} holds a damaged optimizer state (trainer.pt): {reason}; "
-                            "resume from another checkpoint, or start over with train.resume=null") from None
+        _load(lambda s: load_optimizer_state(parts.model, parts.optimizer, s), state["optimizer"],
+              "optimizer state (trainer.pt)", ckpt)
     if "scaler" in state and parts.scaler.is_enabled():
-        _load(parts.scaler, state["scaler"], "loss scaler state (trainer.pt)", ckpt)
+        _load(parts.scaler.load_state_dict, state["scaler"], "loss scaler state (trainer.pt)", ckpt)
     torch_rng, mask_rng = state.get("torch_rng_by_rank"), state.get("mask_rng_by_rank")
     if torch_rng and rank < len(torch_rng):  # a rank with no saved state of its own (more ranks than before) keeps its seed
-        _load(parts.random, {"torch": torch_rng[rank], "mask": (mask_rng or [None] * len(torch_rng))[rank]},
+        _load(parts.random.load_state_dict,
+              {"torch": torch_rng[rank], "mask": (mask_rng or [None] * len(torch_rng))[rank]},
               "random state (trainer.pt)", ckpt)
     distill_rng = state.get("distill_rng_by_rank")
     if parts.distiller is not None and distill_rng and rank < len(distill_rng):
-        _load(parts.distiller, distill_rng[rank], "distillation state (trainer.pt)", ckpt)
-    _load(parts.sampler, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
-    _load(parts.progress, ckpt.state, "step count (state.json)", ckpt)
-    _load(parts.window, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)
+        _load(parts.distiller.load_state_dict, distill_rng[rank], "distillation state (trainer.pt)", ckpt)
+    _load(parts.sampler.load_state_dict, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
+    _load(parts.progress.load_state_dict, ckpt.state, "step count (state.json)", ckpt)
+    _load(parts.window.load_state_dict, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)
     ckpt.drop_trainer_state()
     console.out.print(f"resumed from {ckpt.path} at step {parts.progress.step}")
 

@@ -35,3 +35,21 @@ def test_a_hand_edited_run_state_is_one_line_naming_the_part(tmp_path, edit, par
     line = rf"^train.resume: {ckpt} holds a damaged {part} \(state\.json[^)]*\): .+; resume from another checkpoint"
     with pytest.raises(UserError, match=line):
         run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
+
+
+def test_a_hand_edited_optimizer_state_is_one_line_naming_it(tmp_path):
+    """trainer.pt's optimizer state goes through the same one-line rule as the other parts."""
+    import torch
+
+    corpus = write_corpus(tmp_path)
+    run_training(config(corpus, tmp_path, steps=2, eval_every=0, ckpt_every=2), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
+    trainer["optimizer"]["param_groups"] = []  # as if a hand removed them
+    torch.save(trainer, ckpt / "trainer.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["trainer.pt"] = (ckpt / "trainer.pt").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    line = rf"^train.resume: {ckpt} holds a damaged optimizer state \(trainer\.pt\): .+; resume from another checkpoint"
+    with pytest.raises(UserError, match=line):
+        run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
