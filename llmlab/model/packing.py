@@ -135,7 +135,7 @@ def _time_one_row(out_features: int, in_features: int, bias: bool, samples: int 
     b = torch.randn(out_features, generator=gen) if bias else None
     x = torch.randn(1, 1, in_features, generator=gen)
     calls = max(1, min(50, 500_000 // (out_features * in_features)))
-    with kept_tensors():
+    with torch.no_grad():  # nothing made here outlives the measurement
         packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
         runs = {"plain": lambda: F.linear(x, w, b), "packed": lambda: _linear(x, packed, b)}
         times: dict[str, list[float]] = {"plain": [], "packed": []}

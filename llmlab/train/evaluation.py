@@ -44,9 +44,9 @@ class Evaluator:
         samples = []
         if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
             out["val/bpb"] = bits_per_byte(res["loss"], 1, self.bytes_per_token)
-        if model.objective.causal and math.isfinite(res["loss"]):  # a diverged model has nothing to say
-            samples = complete_prompts(model, self.tokenizer, loop.prompts, loop.sample_tokens, self.device,
-                                       self.seed)
+            if math.isfinite(res["loss"]):  # a diverged model has nothing to say
+                samples = complete_prompts(model, self.tokenizer, loop.prompts, loop.sample_tokens, self.device,
+                                           self.seed)
         return out, samples
 
 
