@@ -206,16 +206,74 @@ def full_optimizer_state(model: nn.Module, optimizer, dist: Dist) -> dict | None
 
 def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
     """``state`` (as `full_optimizer_state` saved it) into ``optimizer``; ValueError when what
-    landed on a parameter does not fit it. A hand-edited state (param_groups emptied, say) can
-    load without complaint yet pair one parameter's moments with another's, and the fused
-    kernels would then read past their buffers."""
+    landed does not fit (`check_optimizer_state`). A hand-edited state can load without
+    complaint yet pair one parameter's moments with another's, and the fused kernels would then
+    read past their buffers."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    saved = state.get("state") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        raise ValueError("it holds no per-parameter state")
+    for name, entry in saved.items():  # before loading, which would pass some of these over
+        if not isinstance(entry, dict) or not all(torch.is_tensor(v) for v in entry.values()):
+            raise ValueError(f"the state of {name} is not a set of tensors")
+    before = [[dict(g) for g in opt.param_groups] for opt in optimizers_of(optimizer)]
     set_optimizer_state_dict(model, optimizers_of(optimizer), state, options=StateDictOptions(full_state_dict=True))
     names = {id(p): n for n, p in model.named_parameters()}
-    for opt in optimizers_of(optimizer):
-        for group in opt.param_groups:
-            for p in group["params"]:
-                for key, value in opt.state.get(p, {}).items():
-                    if torch.is_tensor(value) and value.dim() > 0 and (value.shape != p.shape or value.dtype != p.dtype):
-                        raise ValueError(f"the {key} of {names.get(id(p), 'a parameter')} is {value.dtype} "
-                                         f"{tuple(value.shape)}, not {p.dtype} {tuple(p.shape)} as the parameter")
+    for opt, groups in zip(optimizers_of(optimizer), before):
+        check_optimizer_state(opt, groups, names)
+
+
+# state entries shaped as their parameter (AdamW, RAdam, Lion, SGD, Muon, Adafactor's 1-D)
+PARAM_SHAPED = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "variance"})
+
+
+def check_optimizer_state(opt, configured: list[dict], names: dict[int, str]) -> None:
+    """What a checkpoint put into ``opt`` is what this optimizer makes itself: each group's
+    settings of the kinds the run configured (``configured``: its groups before the load; flags
+    such as ``maximize`` unchanged, numbers finite and not negative, ``betas`` in [0, 1)), and each
+    parameter's state finite tensors, its moments shaped and typed as the parameter needs, its
+    step one count. ValueError naming the first that is not."""
+    import math
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if len(opt.param_groups) != len(configured):
+        raise ValueError(f"{len(opt.param_groups)} parameter groups where the optimizer has {len(configured)}")
+    for i, (group, mine) in enumerate(zip(opt.param_groups, configured)):
+        for key, want in mine.items():
+            got = group.get(key)
+            if key == "params":
+                continue
+            if key in ("fused", "foreach"):  # which kernel ran: a checkpoint of another kernel loads
+                ok = got is None or isinstance(got, bool)
+            elif isinstance(want, bool) or want is None or isinstance(want, str):
+                ok = got == want  # maximize, amsgrad, differentiable...: what the run configured
+            elif number(want) or key in ("lr", "initial_lr"):
+                ok = number(got) and (got >= 0 or key not in ("lr", "initial_lr", "eps", "weight_decay"))
+            elif isinstance(want, (tuple, list)):  # betas; Adafactor's eps (None, 1e-3)
+                ok = isinstance(got, (tuple, list)) and len(got) == len(want) and all(
+                    (v is None) if w is None else (number(v) and (key != "betas" or 0 <= v < 1))
+                    for v, w in zip(got, want))
+            else:
+                ok = type(got) is type(want)
+            if not ok:
+                raise ValueError(f"parameter group {i}'s {key} is {str(got)[:40]}, which this optimizer cannot take")
+    for group in opt.param_groups:
+        for p in group["params"]:
+            name = names.get(id(p), "a parameter")
+            shaped = ({"row_var": p.shape[:-1] + (1,), "col_var": p.shape[:-2] + (1,) + p.shape[-1:]}
+                      if p.dim() > 1 else {})  # Adafactor's factored second moment
+            for key, value in (opt.state.get(p) or {}).items():
+                if not torch.is_tensor(value):
+                    raise ValueError(f"the {key} of {name} is a {type(value).__name__}, not a tensor")
+                if not bool(torch.isfinite(value).all()):
+                    raise ValueError(f"the {key} of {name} is not finite")
+                if key == "step":
+                    if value.numel() != 1 or float(value) < 0:
+                        raise ValueError(f"the step of {name} is not one count")
+                    continue
+                want = shaped.get(key, p.shape if key in PARAM_SHAPED else None)
+                if want is not None and (value.shape != want or value.dtype != p.dtype):
+                    raise ValueError(f"the {key} of {name} is {value.dtype} {tuple(value.shape)}, not {p.dtype} "
+                                     f"{tuple(want)} as the parameter needs")

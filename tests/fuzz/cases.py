@@ -204,6 +204,36 @@ def mutate_bytes(rng: random.Random, path: Path) -> str:
     return f"{path.name}: deleted"
 
 
+def mutate_trainer_state(rng: random.Random, path: Path) -> str:
+    """A well-formed trainer.pt holding other values: one entry of its nested state (optimizer
+    moments and groups, random states) deleted or replaced, as a hand that loaded, edited and
+    saved it again would leave it."""
+    import torch
+
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception:
+        return mutate_bytes(rng, path)
+    paths = [p for p in json_paths(data) if p]
+    if not paths:
+        return mutate_bytes(rng, path)
+    where = rng.choice(paths)
+    parent = data
+    for key in where[:-1]:
+        parent = parent[key]
+    label = ".".join(map(str, where))
+    if rng.random() < 0.25 and isinstance(parent, dict):
+        del parent[where[-1]]
+        what = f"trainer.pt: deleted {label}"
+    else:
+        value = rng.choice([None, -1, 0, 2**70, float("nan"), "x", [], {}, torch.zeros(1), torch.zeros(3, 2),
+                            torch.zeros(2, dtype=torch.float64), torch.tensor(float("inf"))])
+        parent[where[-1]] = value
+        what = f"trainer.pt: {label} = {str(value)[:30]!r}"
+    torch.save(data, path)
+    return what
+
+
 class Payload:
     """Pickles to a call of os.system: loading it with pickle would create the canary."""
 
@@ -220,6 +250,8 @@ def mutate_checkpoint_file(rng: random.Random, ckpt: Path) -> str:
     if name == "trainer.pt" and rng.random() < 0.35:
         torch.save({"optimizer": Payload()}, path)
         return "trainer.pt: a pickle that runs os.system"
+    if name == "trainer.pt" and rng.random() < 0.6:
+        return mutate_trainer_state(rng, path)
     if name == "config.yaml" and rng.random() < 0.4:
         path.write_text(path.read_text() + f"\npayload: !!python/object/apply:os.system ['touch {CANARY}']\n")
         return "config.yaml: a !!python tag"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from llmlab.errors import UserError
 from llmlab.train.loop import run_training
@@ -37,15 +38,26 @@ def test_a_hand_edited_run_state_is_one_line_naming_the_part(tmp_path, edit, par
         run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
 
 
-def test_a_hand_edited_optimizer_state_is_one_line_naming_it(tmp_path):
-    """trainer.pt's optimizer state goes through the same one-line rule as the other parts."""
-    import torch
+def _first_state(opt: dict) -> dict:
+    return next(iter(opt["state"].values()))
 
+
+# each found by fuzzing trainer.pt's structure: the first two ended in a segmentation fault (the
+# fused AdamW kernel read moments shaped for another parameter), the rest in a traceback
+@pytest.mark.parametrize("edit", [
+    lambda opt: opt.update(param_groups=[]),
+    lambda opt: _first_state(opt).update(exp_avg=torch.tensor(float("inf"))),
+    lambda opt: _first_state(opt).update(exp_avg_sq=-1),
+    lambda opt: opt["param_groups"][0].update(betas=torch.tensor([0.0])),
+    lambda opt: opt["param_groups"][0].update(differentiable=float("nan")),
+], ids=["groups-emptied", "moment-scalar", "moment-int", "betas-tensor", "flag-nan"])
+def test_a_hand_edited_optimizer_state_is_one_line_naming_it(tmp_path, edit):
+    """trainer.pt's optimizer state goes through the same one-line rule as the other parts."""
     corpus = write_corpus(tmp_path)
     run_training(config(corpus, tmp_path, steps=2, eval_every=0, ckpt_every=2), tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
     trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
-    trainer["optimizer"]["param_groups"] = []  # as if a hand removed them
+    edit(trainer["optimizer"])
     torch.save(trainer, ckpt / "trainer.pt")
     manifest = json.loads((ckpt / "manifest.json").read_text())
     manifest["files"]["trainer.pt"] = (ckpt / "trainer.pt").stat().st_size
@@ -53,3 +65,22 @@ def test_a_hand_edited_optimizer_state_is_one_line_naming_it(tmp_path):
     line = rf"^train.resume: {ckpt} holds a damaged optimizer state \(trainer\.pt\): .+; resume from another checkpoint"
     with pytest.raises(UserError, match=line):
         run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adafactor", "lion", "muon", "radam", "sgd"])
+def test_every_optimizers_own_checkpoint_passes_the_state_checks(tmp_path, kind):
+    """The checks on a loaded optimizer state refuse no state an optimizer saved itself
+    (Adafactor's factored moments and negative beta2_decay, Muon's coefficients, SGD's momentum)."""
+    corpus = write_corpus(tmp_path)
+
+    def cfg(**train):
+        c = config(corpus, tmp_path, eval_every=0, log_every=1, **train)
+        c["optim"] = {"kind": kind, "lr": 3e-3}
+        return c
+
+    first = run_training(cfg(steps=2, ckpt_every=2), tmp_path / "run")
+    again = run_training(cfg(steps=3, resume=str(tmp_path / "run" / "checkpoints" / "step_000002")), tmp_path / "again")
+    assert first["steps"] == 2 and again["steps"] == 3
+    logged = [json.loads(line)["step"] for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()
+              if "train/loss" in line]
+    assert logged == [3]  # resumed at step 2: only step 3 was trained
