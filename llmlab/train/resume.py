@@ -162,19 +162,35 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
         console.out.print(f"resuming from the weights of {ckpt.path} alone: fresh optimizer and random state, so "
                           "the curve differs from an uninterrupted run", style="yellow")
         state = {}
+    if not isinstance(state, dict):
+        raise UserError(f"train.resume: {ckpt.path} holds a damaged trainer.pt: a {type(state).__name__}, not the "
+                        "trainer's parts by name; resume from another checkpoint, or start over with train.resume=null")
     if "optimizer" in state:
         _load(lambda s: load_optimizer_state(parts.model, parts.optimizer, s), state["optimizer"],
               "optimizer state (trainer.pt)", ckpt)
     if "scaler" in state and parts.scaler.is_enabled():
         _load(parts.scaler.load_state_dict, state["scaler"], "loss scaler state (trainer.pt)", ckpt)
     torch_rng, mask_rng = state.get("torch_rng_by_rank"), state.get("mask_rng_by_rank")
-    if torch_rng and rank < len(torch_rng):  # a rank with no saved state of its own (more ranks than before) keeps its seed
-        _load(parts.random.load_state_dict,
-              {"torch": torch_rng[rank], "mask": (mask_rng or [None] * len(torch_rng))[rank]},
-              "random state (trainer.pt)", ckpt)
+
+    def load_random(_) -> None:
+        if not isinstance(torch_rng, list) or not isinstance(mask_rng, (list, type(None))):
+            raise ValueError("its random states by rank are not lists")
+        if rank < len(torch_rng):  # a rank with no saved state of its own (more ranks than before) keeps its seed
+            masks = mask_rng or [None] * len(torch_rng)
+            parts.random.load_state_dict({"torch": torch_rng[rank], "mask": masks[rank]})
+
+    if torch_rng is not None:
+        _load(load_random, None, "random state (trainer.pt)", ckpt)
     distill_rng = state.get("distill_rng_by_rank")
-    if parts.distiller is not None and distill_rng and rank < len(distill_rng):
-        _load(parts.distiller.load_state_dict, distill_rng[rank], "distillation state (trainer.pt)", ckpt)
+
+    def load_distill(_) -> None:
+        if not isinstance(distill_rng, list):
+            raise ValueError("its distillation states by rank are not a list")
+        if rank < len(distill_rng):
+            parts.distiller.load_state_dict(distill_rng[rank])
+
+    if parts.distiller is not None and distill_rng is not None:
+        _load(load_distill, None, "distillation state (trainer.pt)", ckpt)
     _load(parts.sampler.load_state_dict, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
     _load(parts.progress.load_state_dict, ckpt.state, "step count (state.json)", ckpt)
     _load(parts.window.load_state_dict, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)

@@ -84,3 +84,24 @@ def test_every_optimizers_own_checkpoint_passes_the_state_checks(tmp_path, kind)
     logged = [json.loads(line)["step"] for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()
               if "train/loss" in line]
     assert logged == [3]  # resumed at step 2: only step 3 was trained
+
+
+@pytest.mark.parametrize("edit, part", [
+    (lambda t: t.update(torch_rng_by_rank=-1), "random state"),
+    (lambda t: t.update(mask_rng_by_rank=[]), "random state"),
+    (lambda t: [], "trainer.pt"),
+], ids=["rng-int", "masks-short", "not-a-mapping"])
+def test_a_hand_edited_trainer_state_is_one_line_naming_the_part(tmp_path, edit, part):
+    """The per-rank random states and trainer.pt as a whole (found by fuzzing its structure:
+    a TypeError traceback from len() of an int)."""
+    corpus = write_corpus(tmp_path)
+    run_training(config(corpus, tmp_path, steps=2, eval_every=0, ckpt_every=2), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
+    edited = edit(trainer)
+    torch.save(trainer if edited is None else edited, ckpt / "trainer.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["trainer.pt"] = (ckpt / "trainer.pt").stat().st_size
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=rf"^train.resume: {ckpt} holds a damaged {part}.*; resume from another"):
+        run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
