@@ -26,9 +26,10 @@ installed packages' sources), 84 runs in under 8 minutes of an H100 (bench/resul
         --budgets 5e11,1e12,2e12,5e12 --seeds 0,1,2 --set device=cuda --set precision=fp32 \
         --set data.root=$(python -c 'import site; print(site.getsitepackages()[0])') --set tokenizer.train_bytes=32000000
 
-Each sweep (a variant at one size and budget, its seeds in turn) is its own ``llmlab train -m``
+Each run of the study (a variant at one size and budget, one seed) is its own ``llmlab train -m``
 process, ``--jobs`` at a time, the longest first. The sizes a study chose are kept in
-``grids.json`` of its ``--work`` directory, so a resumed study runs the same grid.
+``grids.json`` of its ``--work`` directory, so a resumed study runs the same grid;
+``--grids FILE`` gives them instead of a planning round.
 
 Results: bench/results/NAME.json (the study's scaling section, the plan, each run's figures,
 the wall time of each sweep) and bench/results/NAME/ (report.md, report.json, scaling.png);
@@ -107,16 +108,21 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--lr", help="optim.lr for every run (default: the one in FIXED)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more override for every run (device=cuda, data.root=DIR, ...); repeatable")
+                    help="one more override for every run (device=cuda, data.root=DIR, ...), or another value "
+                    "for one of the fixed ones (train.batch_size=8); repeatable")
     ap.add_argument("--jobs", type=int, default=1, help="sweeps run at once (one process each); on one GPU, "
                     "tiny models leave it idle most of a step, so several share it well")
     ap.add_argument("--name", default="isoflop", help="results: bench/results/NAME.json and bench/results/NAME/")
     ap.add_argument("--keep", type=Path, help="copy the runs here (to report on them again)")
+    ap.add_argument("--grids", type=Path, help="a JSON file of the study's sizes, {variant: {budget: [d_model, ...]}}: "
+                    "the planning round is skipped")
     ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "
                     "sweep that already finished there, so an interrupted study resumes")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
-    fixed = FIXED + ([f"optim.lr={args.lr}"] if args.lr else []) + args.set
+    extra = ([f"optim.lr={args.lr}"] if args.lr else []) + args.set
+    # a --set of a key FIXED sets (train.batch_size=8) replaces it
+    fixed = [w for w in FIXED if w.split("=", 1)[0] not in {e.split("=", 1)[0] for e in extra}] + extra
     names = args.variants.split(",")
     start = time.perf_counter()
     plan_sizes = [int(d) for d in args.plan_sizes.split(",")]
@@ -132,7 +138,7 @@ def main() -> None:
                                  "hydra.run.dir=tokenize-run"], root, env)
         # one sweep per variant, size and budget, so that they can run at once
         plan: list[tuple[str, list[str]]] = []
-        for name in names:
+        for name in names if not args.grids else []:
             for d in plan_sizes:
                 for b in plan_budgets:
                     words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}", "seed=0", *fixed]
@@ -141,14 +147,19 @@ def main() -> None:
         walls.update(run_all(sorted(plan, key=lambda p: -cost(p[1])), root, env, args.jobs))
         plan_dirs = {name: [f"plan/{name}-d{d}-{b:g}" for d in plan_sizes for b in plan_budgets] for name in names}
         plan_dirs = {name: [d for d in dirs if (root / d).exists()] for name, dirs in plan_dirs.items()}
-        run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report",
-             "hydra.run.dir=plan-report-run"], root, env)
-        plan_scaling = json.loads((root / "plan-report" / "report.json").read_text())["scaling"]
+        plan_scaling = None
+        if not args.grids:
+            run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report",
+                 "hydra.run.dir=plan-report-run"], root, env)
+            plan_scaling = json.loads((root / "plan-report" / "report.json").read_text())["scaling"]
         budgets = [float(b) for b in args.budgets.split(",")]
         study: list[tuple[str, list[str]]] = []
         grids: dict = {}
         chosen = root / "grids.json"  # what the first try chose: a resumed study keeps it
-        if chosen.exists():
+        if args.grids:
+            grids = json.loads(args.grids.read_text())
+            chosen.write_text(json.dumps(grids))
+        elif chosen.exists():
             grids = json.loads(chosen.read_text())
         else:
             for name in names:
@@ -162,7 +173,11 @@ def main() -> None:
                     words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}",
                              f"seed={args.seeds}", *fixed]
                     commands.append("llmlab " + " ".join(words))
-                    study.append((f"study {name} d{d} {b:g}", [*words, f"hydra.sweep.dir=study/{name}-{b:g}-d{d}"]))
+                    # each seed its own process, so that the longest cell's seeds run side by side
+                    for seed in args.seeds.split(","):
+                        one = [w if not w.startswith("seed=") else f"seed={seed}" for w in words]
+                        study.append((f"study {name} d{d} {b:g} seed {seed}",
+                                      [*one, f"hydra.sweep.dir=study/{name}-{b:g}-d{d}-seed{seed}"]))
         walls.update(run_all(sorted(study, key=lambda s: -cost(s[1])), root, env, args.jobs))
         out = RESULTS / args.name
         shutil.rmtree(out, ignore_errors=True)
