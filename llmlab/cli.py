@@ -45,6 +45,10 @@ def command_of(name: str):
 # The jobs `preflight` resolved, by their composed config: Hydra composes the same config again
 # for its job, and the command runs the job resolved here instead of resolving it twice.
 RESOLVED: dict[str, object] = {}
+# A single run's whole config (Hydra's settings too) as `preflight` composed it, by the config
+# name and the overrides Hydra's run composes it with: that run takes it instead of composing
+# the same config a second time (`reuse_composition`; a quarter of a second per command).
+COMPOSED: dict[tuple, object] = {}
 
 
 def config_key(cfg) -> str:
@@ -129,7 +133,10 @@ def _explain(err: Exception, overrides: list[str], compose) -> str:
     return str(omegaconf_error(cause))
 
 
-def preflight(command: str, args: list[str]) -> None:
+def preflight(command: str, args: list[str], run_overrides: list[str] | None = None) -> None:
+    """Compose and check every job of ``args``. ``run_overrides``: the overrides Hydra's run of
+    a single job will compose with (`hydra_run_overrides`), when known; the first composition
+    then uses them and is kept for that run (`COMPOSED`)."""
     overrides, check = split_args(args)
     if not check:
         return
@@ -156,15 +163,19 @@ def preflight(command: str, args: list[str]) -> None:
         def compose_all(ovs):
             return compose(config_name=command, overrides=ovs, return_hydra_config=True)
 
+        reuse = run_overrides if run_overrides is not None and len(combos) == 1 else None
         for i, combo in enumerate(combos):
             try:
                 composed = None
-                if i == 0 and extra:
+                if i == 0 and (extra or reuse):
                     try:
-                        composed = compose_all(combo + extra)
+                        composed = compose_all(reuse or combo + extra)
                     except (HydraException, OmegaConfBaseException):
                         pass  # said below: the job's settings on their own first, then Hydra's
                     else:
+                        if reuse:
+                            import copy
+                            COMPOSED[(command, tuple(reuse))] = copy.deepcopy(composed)
                         with open_dict(composed):
                             del composed["hydra"]  # what Hydra's app gets: the job's settings alone
                 cfg = OmegaConf.to_container(composed if composed is not None else compose_with(combo), resolve=True)
@@ -232,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab import __version__
         print(f"llmlab {__version__}")
         return
+    COMPOSED.clear()
     command, rest = argv[0], argv[1:]
     if command == "report":
         rest = paths_to_runs_override(rest)
@@ -256,12 +268,13 @@ def main(argv: list[str] | None = None) -> None:
         from llmlab.help import command_help
         sys.stdout.write(command_help(command))
         return
-    if not showing:  # --cfg/--info only show a config: Hydra composes it once, its errors become one line below
-        preflight(command, rest)
-    rest = name_sweep_runs_by_swept_keys(rest)
+    final = name_sweep_runs_by_swept_keys(rest)
     if command == "train":
-        rest = name_train_sweep_by_its_overrides(rest)
-        rest = keep_worker_ranks_out_of_outputs(rest)
+        final = name_train_sweep_by_its_overrides(final)
+        final = keep_worker_ranks_out_of_outputs(final)
+    if not showing:  # --cfg/--info only show a config: Hydra composes it once, its errors become one line below
+        preflight(command, rest, hydra_run_overrides(final))
+    rest = final
     app = hydra_app(command, command_of(command))
     sys.argv = [f"llmlab {command}", *rest]
     # Hydra raises what fails in its own work (writing a job's .hydra/ files on a full disk)
@@ -272,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         try:
             try:
-                with mode_from_flags(rest):
+                with mode_from_flags(rest), reuse_composition():
                     app()
             except Exception as e:
                 if not (showing and _names_an_unloaded_kind(e)):
@@ -388,6 +401,46 @@ def mode_from_flags(args: list[str]):
         yield
     finally:
         Hydra.get_mode = original
+
+
+def hydra_run_overrides(args: list[str]) -> list[str] | None:
+    """The overrides Hydra's run of ``args`` composes its config with, where that is certain:
+    one job (no -m, no flag at all), every argument a key=value override, and the mode left to
+    `mode_from_flags`, so Hydra appends ``hydra.mode=RUN`` to them. None otherwise."""
+    if any(a.startswith("-") or "=" not in a for a in args):
+        return None
+    if any(a.lstrip("+~").startswith(("hydra.mode", "hydra/")) for a in args):
+        return None
+    if any((o := parse(a)) is None or o.is_sweep_override() for a in args):
+        return None
+    return [*args, "hydra.mode=RUN"]
+
+
+@contextlib.contextmanager
+def reuse_composition():
+    """While Hydra runs a command: its composition of a single run's config returns the one
+    `preflight` made with the same config name and overrides (`COMPOSED`, each used once), so
+    the config is composed once per command, not twice. Any other composition is Hydra's own."""
+    try:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.types import RunMode
+    except ImportError:  # another Hydra: compose twice
+        yield
+        return
+    original = getattr(ConfigLoaderImpl, "load_configuration", None)
+    if not callable(original) or not COMPOSED:
+        yield
+        return
+
+    def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
+        kept = COMPOSED.pop((config_name, tuple(overrides)), None) if run_mode == RunMode.RUN else None
+        return kept if kept is not None else original(self, config_name, overrides, run_mode, *args, **kwargs)
+
+    ConfigLoaderImpl.load_configuration = load_configuration
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.load_configuration = original
 
 
 def hydra_app(command: str, declared) -> Callable:

@@ -500,6 +500,44 @@ def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_single_run_composes_its_config_once_and_hydra_writes_the_same_files(tmp_path, monkeypatch):
+    """Hydra's run takes the composition the check before it made (`reuse_composition`): one
+    composition per command, and the run directory's .hydra/ files (the config, Hydra's own
+    settings, the overrides) are what Hydra's own composition writes."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    import llmlab.cli
+
+    loads = []
+    original = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: loads.append(k.get("overrides")) or original(self, *a, **k))
+    runs = {}
+    for reuse in (True, False):
+        if not reuse:  # Hydra composes for its run itself, as without the reuse
+            monkeypatch.setattr(llmlab.cli, "hydra_run_overrides", lambda args: None)
+        cwd = tmp_path / str(reuse)
+        cwd.mkdir()
+        (cwd / "c.txt").write_text("def f(x):\n    return x\n" * 200)
+        loads.clear()
+        r = run_cli("train", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=1", "train.eval_every=0",
+                    "hydra.run.dir=run", cwd=cwd)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert len(loads) == (1 if reuse else 2), loads
+        runs[reuse] = {f.name: f.read_text().replace(str(cwd), "CWD") for f in (cwd / "run" / ".hydra").iterdir()}
+    assert sorted(runs[True]) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert runs[True] == runs[False]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["a=1", "hydra.run.dir=x"], ["a=1", "hydra.run.dir=x", "hydra.mode=RUN"]),
+    (["a=1,2"], None), (["-m", "a=1"], None), (["--cfg", "job"], None), (["hydra.mode=RUN"], None),
+    (["hydra/launcher=basic"], None), (["a=[1,2]"], ["a=[1,2]", "hydra.mode=RUN"])])
+def test_the_overrides_of_hydras_run_are_known_only_for_a_single_run(args, expected):
+    from llmlab.cli import hydra_run_overrides
+    assert hydra_run_overrides(args) == expected
+
+
 @pytest.mark.parametrize("args, skipped", [(["train.steps=1"], True), (["-m", "seed=0,1"], True),
                                            (["hydra.mode=MULTIRUN"], False), (["+hydra.mode=RUN"], False),
                                            (["hydra/launcher=basic"], False)])
