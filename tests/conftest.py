@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,9 +21,10 @@ import pytest
 # tests' own process (`one_thread` below), unless the environment already says otherwise.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402 (after the thread setting, which torch reads as it loads)
-
-from llmlab.model.transformer import ModelSpec, Transformer
+# torch (and the model, which imports it) load where a test needs them, not here: pytest-xdist's
+# controller process reads this file too, and runs no test (2.5 s less before the workers start)
+if TYPE_CHECKING:
+    from llmlab.model.transformer import ModelSpec, Transformer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,12 +38,32 @@ SAMPLE_TEXTS = {
 }
 
 
+# The test files that take longest, longest first: `make test` hands whole files to its workers
+# (pytest-xdist, --dist loadfile) in collection order, so these start at once instead of last,
+# and the run does not end with one worker on a long file while the other has nothing left.
+LONGEST_FIRST = ("test_cli.py", "sample/test_speculative.py", "test_untrusted_input.py", "model/test_transformer.py",
+                 "train/test_distributed.py", "eval/test_scaling.py", "train/test_faults.py", "fuzz/test_fuzz.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def place(item) -> int:
+        try:
+            return rank.get(Path(item.path).relative_to(REPO / "tests").as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+    items.sort(key=place)  # stable: every file's tests keep their order, the other files theirs
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """The tests' models are tiny: a second intra-op thread costs more in start-up than it
     saves, and on a busy machine every extra thread waits for a core (the speculative-decoding
-    tests, 1,500 short generations each, ran 4x slower with two threads under load). Commands
+    tests, 1,000 short generations each, ran 4x slower with two threads under load). Commands
     the tests start as subprocesses get one thread too, through OMP_NUM_THREADS (above)."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -76,6 +100,8 @@ test_configs.__test__ = test_config.__test__ = False  # helpers, not tests
 def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict | None = None,
               objective: dict | None = None, ffn: dict | str | None = None, vocab_size: int = 97,
               **model) -> ModelSpec:
+    from llmlab.model.transformer import ModelSpec
+
     model_cfg = {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, **model}
     ffn = {"kind": ffn} if isinstance(ffn, str) else ffn
     return ModelSpec.from_config({"model": model_cfg, "attention": attention or {"kind": "mha"}, "ffn": ffn,
@@ -85,6 +111,10 @@ def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict
 
 
 def tiny_model(seed: int = 0, **kwargs) -> Transformer:
+    import torch
+
+    from llmlab.model.transformer import Transformer
+
     torch.manual_seed(seed)
     return Transformer(tiny_spec(**kwargs)).eval()
 
@@ -106,6 +136,30 @@ def the_error_line(stderr: str) -> str | None:
     return errors[0]
 
 
+@functools.lru_cache(maxsize=None)
+def _cpu_peak() -> tuple[str, dict]:
+    """This machine's one-thread matmul peak as llmlab keeps it (its cache key and entry),
+    probed once per test process."""
+    import torch
+
+    from llmlab.train import mfu
+    flops, _ = mfu.measured_matmul_peak("cpu", torch.float32)
+    return mfu._peak_key("cpu", torch.float32, 1024), {"flops": flops, "source": "probe"}
+
+
+def seed_peak(cache: Path) -> None:
+    """Put the CPU's matmul peak in the llmlab cache ``cache`` a training subprocess will use,
+    unless it holds one: as a user's cache holds it after their first run. Each test has a
+    cache of its own, so each training process would probe the peak again (1.6 s on one
+    thread, then not kept when the machine is busy, so every run paid it). The probe itself
+    is tested in tests/train/test_mfu.py."""
+    if (cache / "peak.json").exists():
+        return
+    key, entry = _cpu_peak()
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "peak.json").write_text(json.dumps({key: entry}))
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
             process: bool = False, preexec_fn=None) -> subprocess.CompletedProcess:
     """``llmlab <args>`` in ``cwd``, as a user runs it, with the cache in ``cwd/.cache`` and
@@ -121,6 +175,7 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
     subprocess before it starts (a resource limit)."""
     env = {"LLMLAB_CACHE": str(cwd / ".cache"), "WANDB_MODE": "disabled", **(env or {})}
     if process:
+        seed_peak(Path(env["LLMLAB_CACHE"]))
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
         full_env.pop("WANDB_API_KEY", None)
         return subprocess.run([sys.executable, "-m", "llmlab", *args], cwd=cwd, capture_output=True, text=True,

@@ -22,9 +22,10 @@ def test_a_signal_saves_a_checkpoint_and_exits_cleanly(tmp_path, sig):
     import sys
     import time
 
-    from tests.conftest import REPO, SAMPLE_TEXTS
+    from tests.conftest import REPO, SAMPLE_TEXTS, seed_peak
     (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
     env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
+    seed_peak(tmp_path / ".cache")
     cmd = [sys.executable, "-m", "llmlab", "train", "data=text", f"data.paths={tmp_path}/c.txt", *TINY,
            "train.steps=100000", "train.ckpt_every=0", "train.eval_every=0", "hydra.run.dir=run"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -54,9 +55,10 @@ def test_a_signal_stops_the_whole_sweep_and_the_same_command_finishes_it(tmp_pat
     import sys
     import time
 
-    from tests.conftest import REPO, SAMPLE_TEXTS
+    from tests.conftest import REPO, SAMPLE_TEXTS, seed_peak
     (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
     env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
+    seed_peak(tmp_path / ".cache")
     # steps of tens of ms, so that the signal (after 3 logged steps) lands well inside job 0's 60
     model = ["model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.max_seq_len=64", "train.batch_size=8"]
     cmd = [sys.executable, "-m", "llmlab", "train", "-m", "seed=0,1", "data=text", f"data.paths={tmp_path}/c.txt",
@@ -100,9 +102,10 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(tmp_path):
 
     from llmlab.train.checkpoint import list_checkpoints, load_checkpoint
     from llmlab.train.recovery import completeness
-    from tests.conftest import REPO, SAMPLE_TEXTS
+    from tests.conftest import REPO, SAMPLE_TEXTS, seed_peak
     (tmp_path / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 5)
     env = {**os.environ, "LLMLAB_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO)}
+    seed_peak(tmp_path / ".cache")
     cmd = [sys.executable, "-m", "llmlab", "train", "data=text", f"data.paths={tmp_path}/c.txt", *TINY,
            "train.steps=100000", "train.ckpt_every=3", "train.keep_checkpoints=2", "train.eval_every=0",
            "train.log_every=1", "hydra.run.dir=run"]

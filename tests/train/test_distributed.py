@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, seed_peak
 
 STEPS = 10
 
@@ -29,6 +29,7 @@ def common(tmp_path: Path, steps: int = STEPS, heads: int = 2) -> list[str]:
 
 def torchrun(*args: str, cwd: Path, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "LLMLAB_CACHE": str(cwd / ".cache"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    seed_peak(cwd / ".cache")
     env.pop("WANDB_API_KEY", None)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone",
                            "-m", "llmlab", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
