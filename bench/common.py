@@ -10,6 +10,15 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra: str) -> dict:
+    """The environment of an ``llmlab`` process a benchmark starts: this one's, with this
+    checkout first on PYTHONPATH (before what was there, such as a folder of packages put on
+    it by hand), and ``extra`` on top."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **extra}
 
 
 def machine() -> dict:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import write_result
+from bench.common import child_env, write_result
 
 PROMPT = "ROMEO:"
 # name -> (d_model, layers, heads); kv_heads 2 (model=llama's default)
@@ -233,8 +233,7 @@ def main() -> None:
         print("bench.decode_vs_hf: skipped, transformers is not installed (pip install transformers)")
         return
     repo = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
-           "LLMLAB_CACHE": os.environ.get("LLMLAB_CACHE", str(repo / ".cache" / "llmlab"))}
+    env = child_env(LLMLAB_CACHE=os.environ.get("LLMLAB_CACHE", str(repo / ".cache" / "llmlab")))
     if args.gpt2:
         shapes = {"gpt2-124M": GPT2}
     else:

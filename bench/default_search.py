@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import write_result
+from bench.common import child_env, write_result
 from bench.train_default import xz_bits_per_byte
 
 AXES = ["model.d_model=192,256", "optim.lr=3e-3,6e-3"]
@@ -32,11 +31,10 @@ def main() -> None:
     ap.add_argument("--axes", nargs="*", default=AXES, help="sweep axes, Hydra syntax")
     ap.add_argument("--overrides", nargs="*", default=[], help="fixed settings for every job")
     args = ap.parse_args()
-    repo = Path(__file__).resolve().parent.parent
     fixed = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", f"train.max_flops={args.budget}",
              *args.overrides]
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-search-") as tmp:
-        env = {**os.environ, "LLMLAB_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(repo), "TERM": "dumb"}
+        env = child_env(LLMLAB_CACHE=str(Path(tmp) / "cache"), TERM="dumb")
         t = time.perf_counter()
         sweep = subprocess.run([sys.executable, "-m", "llmlab", "train", "-m", *args.axes, *fixed,
                                 "hydra.sweep.dir=sweep"], cwd=tmp, env=env, capture_output=True, text=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import train_config, write_result
+from bench.common import child_env, train_config, write_result
 
 GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024",
         "tokenizer.vocab_size=50257"]
@@ -51,15 +51,13 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench.gpu: no CUDA GPU here")
-    repo = Path(__file__).resolve().parent.parent
     compile_flag = "false" if args.no_compile else "true"
     overrides = [*GPT2, "precision=bf16", f"train.compile={compile_flag}", f"train.batch_size={args.batch_size}",
                  f"train.steps={args.steps}", "train.log_every=10", "train.eval_every=0", "train.eval_windows=16",
                  "train.ckpt_every=0", "train.prompts=[]", "logger=none"]
     result: dict = {"gpu": torch.cuda.get_device_name(), "overrides": overrides}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-gpu-") as tmp:
-        env = {**os.environ, "LLMLAB_CACHE": str(Path(tmp) / "cache"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+        env = child_env(LLMLAB_CACHE=str(Path(tmp) / "cache"))
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "llmlab", "tokenize", *[o for o in GPT2 if o.startswith("tokenizer")]],
                        cwd=tmp, env=env, check=True)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, child_env, write_result
 
 FIXED = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0",
          "train.eval_windows=256", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=128", "train.batch_size=16",
@@ -119,7 +118,6 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "
                     "sweep that already finished there, so an interrupted study resumes")
     args = ap.parse_args()
-    repo = Path(__file__).resolve().parent.parent
     extra = ([f"optim.lr={args.lr}"] if args.lr else []) + args.set
     # a --set of a key FIXED sets (train.batch_size=8) replaces it
     fixed = [w for w in FIXED if w.split("=", 1)[0] not in {e.split("=", 1)[0] for e in extra}] + extra
@@ -130,8 +128,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-isoflop-") as tmp:
         root = args.work or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "LLMLAB_CACHE": str(root / "cache"), "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
-               "TERM": "dumb"}
+        env = child_env(LLMLAB_CACHE=str(root / "cache"), TERM="dumb")
         walls, commands = {}, []
         # the data once, before processes that would wait on its lock
         walls["tokenize"] = run(["tokenize", *[w for w in fixed if w.startswith(("data.", "tokenizer."))],

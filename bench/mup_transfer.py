@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import write_result
+from bench.common import child_env, write_result
 
 FIXED = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0", "train.eval_windows=128",
          "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=128", "train.batch_size=16",
@@ -58,12 +57,11 @@ def main() -> None:
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     lrs = [float(x) for x in args.lrs.split(",")]
-    repo = Path(__file__).resolve().parent.parent
     axes = ["model.parametrization=standard,mup", f"model.d_model={args.widths}", f"optim.lr={args.lrs}"]
     settings = [*FIXED, f"model.mup_base_width={min(widths)}", f"train.steps={args.steps}", f"seed={args.seed}",
                 "sched.warmup_share=0.05"]
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-mup-") as tmp:
-        env = {**os.environ, "LLMLAB_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(repo), "TERM": "dumb"}
+        env = child_env(LLMLAB_CACHE=str(Path(tmp) / "cache"), TERM="dumb")
         t = time.perf_counter()
         sweep = subprocess.run([sys.executable, "-m", "llmlab", "train", "-m", *axes, *settings, "hydra.sweep.dir=sweep"],
                                cwd=tmp, env=env, capture_output=True, text=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import train_config, write_result
+from bench.common import child_env, train_config, write_result
 
 WIDTH, LAYERS, HEADS, BLOCK, BATCH = 128, 4, 4, 64, 12  # nanoGPT's CPU line: n_embd, n_layer, n_head, block, batch
 SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", f"model.max_seq_len={BLOCK}",
@@ -136,14 +136,12 @@ def main() -> None:
     data = Path(args.data).resolve()
     if not data.is_file():
         sys.exit(f"bench.shakespeare: {data} not found; pass --data <tinyshakespeare.txt>")
-    repo = Path(__file__).resolve().parent.parent
     data_args = ["data=text", f"data.paths=[{data}]", "data.val_fraction=0.1"]
     base = [*data_args, *RECIPE, f"train.steps={args.steps}"]
     result: dict = {"data": str(data), "steps": args.steps, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-shakespeare-") as tmp_name:
         tmp = Path(tmp_name)
-        env = {**os.environ, "LLMLAB_CACHE": str(tmp / "cache"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+        env = child_env(LLMLAB_CACHE=str(tmp / "cache"))
         nano = nanogpt_setup(args.nanogpt.resolve(), data, tmp / "nanogpt") if args.nanogpt else None
         prepared = prepared_tokens(env["LLMLAB_CACHE"], base)  # into the cache llmlab's runs read
         runners = {"gpt2": lambda r: llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base]),

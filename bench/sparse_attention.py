@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import write_result
+from bench.common import child_env, write_result
 from llmlab.model.transformer import ModelSpec, Transformer
 
 SIZE = {"d_model": 256, "n_layers": 4, "n_heads": 4}
@@ -67,10 +67,9 @@ def decode_ms(model: Transformer, context: int, steps: int, repeats: int, chunk:
 
 def train_runs(steps: int, extra: list[str]) -> dict:
     """``llmlab train`` of dsa and mla for ``steps`` steps; each one's validation loss and time."""
-    repo = Path(__file__).resolve().parent.parent
     out = {}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-dsa-") as tmp:
-        env = {**os.environ, "LLMLAB_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(repo), "TERM": "dumb"}
+        env = child_env(LLMLAB_CACHE=str(Path(tmp) / "cache"), TERM="dumb")
         for kind in ("mla", "dsa"):
             words = [f"model={kind}", f"train.steps={steps}", "logger=none", "train.ckpt_every=0",
                      "train.sample_tokens=0", f"train.eval_every={steps}", *extra, f"hydra.run.dir={kind}"]

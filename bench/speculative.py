@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import write_result
+from bench.common import child_env, write_result
 
 PROMPTS = ["def ", "import os\nimport sys\n\n\n", "class Parser:\n    def __init__(self, ", "    for i in range(",
            "if __name__ == '__main__':\n", "        return self.", "    @property\n    def ", "try:\n    import "]
@@ -64,8 +64,7 @@ def main() -> None:
                     "finished (target/, draft/, distilled/) are measured without training again")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
-           "LLMLAB_CACHE": os.environ.get("LLMLAB_CACHE", str(repo / ".cache" / "llmlab"))}
+    env = child_env(LLMLAB_CACHE=os.environ.get("LLMLAB_CACHE", str(repo / ".cache" / "llmlab")))
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-spec-") as tmp_name:
         tmp = Path(args.keep).resolve() if args.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import write_result
+from bench.common import child_env, write_result
 from llmlab.data.corpus import CORPUS
 
 
@@ -34,9 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--overrides", nargs="*", default=[])
     args = ap.parse_args()
-    repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-train-") as tmp:
-        env = {**os.environ, "LLMLAB_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(repo)}
+        env = child_env(LLMLAB_CACHE=str(Path(tmp) / "cache"))
         cmd = [sys.executable, "-m", "llmlab", "train", "logger=none", "hydra.run.dir=run", *args.overrides]
         t = time.perf_counter()
         subprocess.run(cmd, cwd=tmp, env=env, check=True)
