@@ -216,11 +216,34 @@ def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
     for name, entry in saved.items():  # before loading, which would pass some of these over
         if not isinstance(entry, dict) or not all(torch.is_tensor(v) for v in entry.values()):
             raise ValueError(f"the state of {name} is not a set of tensors")
+    # keyed as the saved state is: without DDP's and torch.compile's wrapper names
+    plain = {".".join(part for part in n.split(".") if part not in ("module", "_orig_mod")): p
+             for n, p in model.named_parameters()}
+    check_same_entries(saved, state.get("param_groups"), plain)
     before = [[dict(g) for g in opt.param_groups] for opt in optimizers_of(optimizer)]
     set_optimizer_state_dict(model, optimizers_of(optimizer), state, options=StateDictOptions(full_state_dict=True))
     names = {id(p): n for n, p in model.named_parameters()}
     for opt, groups in zip(optimizers_of(optimizer), before):
         check_optimizer_state(opt, groups, names)
+
+
+def check_same_entries(saved: dict, groups, params: dict) -> None:
+    """An entry deleted from one parameter's saved state (a moment, its step) would load as a
+    fresh one without a word: the loader starts every state before it copies the saved one in.
+    Within a saved group, each parameter of a kind (vectors, matrices: Adafactor factors only
+    the latter) holds the entries the others of its kind hold. ValueError naming the first
+    that does not."""
+    for group in groups if isinstance(groups, list) else []:
+        names = group.get("params") if isinstance(group, dict) else None
+        first: dict[bool, tuple[frozenset, str]] = {}
+        for name in names if isinstance(names, list) else []:
+            if name not in saved or name not in params:
+                continue  # never stepped, or not this model's: the load says so
+            keys = frozenset(saved[name])
+            other = first.setdefault(params[name].dim() > 1, (keys, name))
+            if keys != other[0]:
+                raise ValueError(f"the state of {name} holds {', '.join(sorted(keys)) or 'nothing'}, but that of "
+                                 f"{other[1]} holds {', '.join(sorted(other[0]))}")
 
 
 # state entries shaped as their parameter (AdamW, RAdam, Lion, SGD, Muon, Adafactor's 1-D)

@@ -42,6 +42,10 @@ def _first_state(opt: dict) -> dict:
     return next(iter(opt["state"].values()))
 
 
+def _last_state(opt: dict) -> dict:
+    return list(opt["state"].values())[-1]
+
+
 # each found by fuzzing trainer.pt's structure: the first two ended in a segmentation fault (the
 # fused AdamW kernel read moments shaped for another parameter), the rest in a traceback
 @pytest.mark.parametrize("edit", [
@@ -50,7 +54,9 @@ def _first_state(opt: dict) -> dict:
     lambda opt: _first_state(opt).update(exp_avg_sq=-1),
     lambda opt: opt["param_groups"][0].update(betas=torch.tensor([0.0])),
     lambda opt: opt["param_groups"][0].update(differentiable=float("nan")),
-], ids=["groups-emptied", "moment-scalar", "moment-int", "betas-tensor", "flag-nan"])
+    lambda opt: _first_state(opt).pop("exp_avg_sq"),
+    lambda opt: _last_state(opt).pop("step"),
+], ids=["groups-emptied", "moment-scalar", "moment-int", "betas-tensor", "flag-nan", "moment-deleted", "step-deleted"])
 def test_a_hand_edited_optimizer_state_is_one_line_naming_it(tmp_path, edit):
     """trainer.pt's optimizer state goes through the same one-line rule as the other parts."""
     corpus = write_corpus(tmp_path)
