@@ -70,6 +70,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def few_replicates(monkeypatch):
+    """For a test that asserts no interval's width: 40 bootstrap replicates instead of 200 in the
+    scaling report's fits (commands run in this process)."""
+    from llmlab.eval import scaling
+    monkeypatch.setattr(scaling, "BOOTSTRAPS", 40)
+
+
 def write_corpus(root: Path, repeat: int = 1) -> Path:
     """``root/corpus``: the sample files, each text repeated ``repeat`` times."""
     d = root / "corpus"

@@ -124,7 +124,8 @@ def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
 
 @pytest.mark.parametrize("args, fragment", [
     (["train", "model=gqa", "attention.kv_head=2"], "attention.kv_head: unknown key; allowed keys: kind, kv_heads"),
-    (["sample", "top_p=0"], "top_p: must be in (0, 1]"),
+    # a second command's process in the slow tier: `llmlab sample` runs as a process below
+    pytest.param(["sample", "top_p=0"], "top_p: must be in (0, 1]", marks=pytest.mark.slow),
 ])
 def test_a_config_mistake_from_the_shell_is_one_line(tmp_path, args, fragment):
     """The cases above run in-process; from a shell the same mistake is the same line."""

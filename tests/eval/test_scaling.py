@@ -130,12 +130,6 @@ def test_crossing_of_two_optimal_loss_curves():
 SURFACES = {"mha": TRUE, "mla": OTHER}
 
 
-@pytest.fixture
-def few_replicates(monkeypatch):
-    """For a test that asserts no interval's width: 40 bootstrap replicates instead of 200."""
-    monkeypatch.setattr(sc, "BOOTSTRAPS", 40)
-
-
 def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(None,), seeds=(0, 1), sigma=0.002) -> Path:
     """Run directories as a sweep leaves them: overrides and summary.json, the losses drawn
     from a known surface per variant (and, with an lr axis, worse away from lr 3e-3)."""

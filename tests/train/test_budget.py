@@ -55,7 +55,7 @@ def test_a_bad_budget_names_its_key(value, message):
     assert str(e.value) == message
 
 
-def test_a_flops_sweep_over_sizes_ends_with_a_scaling_report(tmp_path):
+def test_a_flops_sweep_over_sizes_ends_with_a_scaling_report(tmp_path, few_replicates):
     """One variant, two sizes, three budgets: each job's length comes from its model card, and
     the sweep's report has the scaling tables and figure."""
     corpus = write_corpus(tmp_path)
