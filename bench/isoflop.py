@@ -49,6 +49,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import OmegaConf
 
@@ -125,6 +126,8 @@ def main() -> None:
     start = time.perf_counter()
     plan_sizes = [int(d) for d in args.plan_sizes.split(",")]
     plan_budgets = [float(b) for b in args.plan_budgets.split(",")]
+    budgets = [float(b) for b in args.budgets.split(",")]
+    given = read_grids(args.grids, names, budgets) if args.grids else None  # checked before any run starts
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-isoflop-") as tmp:
         root = args.work or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -149,15 +152,14 @@ def main() -> None:
             run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report",
                  "hydra.run.dir=plan-report-run"], root, env)
             plan_scaling = json.loads((root / "plan-report" / "report.json").read_text())["scaling"]
-        budgets = [float(b) for b in args.budgets.split(",")]
         study: list[tuple[str, list[str]]] = []
         grids: dict = {}
         chosen = root / "grids.json"  # what the first try chose: a resumed study keeps it
-        if args.grids:
-            grids = json.loads(args.grids.read_text())
+        if given is not None:
+            grids = given
             chosen.write_text(json.dumps(grids))
         elif chosen.exists():
-            grids = json.loads(chosen.read_text())
+            grids = read_grids(chosen, names, budgets)
         else:
             for name in names:
                 # at each study budget, the sizes centred on the planning fit's N* there
@@ -201,9 +203,42 @@ def main() -> None:
 
 def cost(words: list[str]) -> float:
     """A sweep's relative running time, to start the longest first: its budget over its width
-    (a small model's step costs about as much as a larger one's), times its seeds."""
+    (a small model's step costs about as much as a larger one's). Each sweep has one seed."""
     value = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in words if "=" in w}
-    return float(value["train.max_flops"]) / int(value["model.d_model"]) * len(value.get("seed", "0").split(","))
+    return float(value["train.max_flops"]) / int(value["model.d_model"])
+
+
+def read_grids(path: Path, names: list[str], budgets: list[float]) -> dict[str, dict[str, list[int]]]:
+    """The study's sizes from ``path`` ({variant: {budget: [d_model, ...]}}, a file that may have
+    been written by hand), keyed as the study asks for them; anything else stops the bench with
+    one line that names the file and the entry."""
+    def stop(why: str) -> NoReturn:
+        sys.exit(f"bench.isoflop: {path}: {why}")
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        stop(f"not a readable JSON file ({e})")
+    if not isinstance(data, dict):
+        stop("must be a JSON object {variant: {budget: [d_model, ...]}}")
+    grids: dict[str, dict[str, list[int]]] = {}
+    for name in names:
+        per_budget = data.get(name)
+        if not isinstance(per_budget, dict):
+            stop(f"no sizes for variant {name!r} (an object {{budget: [d_model, ...]}}); it has {sorted(data)}")
+        keyed: dict[str, object] = {}
+        for key, sizes in per_budget.items():
+            try:
+                keyed[f"{float(key):g}"] = sizes
+            except ValueError:
+                stop(f"{name}: budget {key!r} is not a number")
+        for b in budgets:
+            sizes = keyed.get(f"{b:g}")
+            if (not isinstance(sizes, list) or not sizes
+                    or not all(type(d) is int and d > 0 for d in sizes)):  # noqa: E721 (bool is not a width)
+                stop(f"{name}: budget {b:g} needs a list of positive whole d_model values, got {sizes!r}")
+            grids.setdefault(name, {})[f"{b:g}"] = sizes
+    return grids
 
 
 def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8) -> dict[float, list[int]]:
