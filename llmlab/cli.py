@@ -383,6 +383,12 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("slug", path_slug)
 
 
+def names_mode(args: list[str]) -> bool:
+    """Whether the command line sets Hydra's mode itself (``hydra.mode=...`` or a ``hydra/...``
+    group), which then decides it, not -m."""
+    return any(a.lstrip("+~").startswith(("hydra.mode", "hydra/")) for a in args)
+
+
 @contextlib.contextmanager
 def mode_from_flags(args: list[str]):
     """Hydra composes a command's whole config once only to read ``hydra.mode``, before it
@@ -391,8 +397,7 @@ def mode_from_flags(args: list[str]):
     what -m says, which is what Hydra does when the key is unset: skip that composition."""
     from hydra._internal.hydra import Hydra
 
-    names_mode = any(a.lstrip("+~").startswith(("hydra.mode", "hydra/")) for a in args)
-    if names_mode or not callable(getattr(Hydra, "get_mode", None)):
+    if names_mode(args) or not callable(getattr(Hydra, "get_mode", None)):
         yield
         return
     original = Hydra.get_mode
@@ -409,7 +414,7 @@ def hydra_run_overrides(args: list[str]) -> list[str] | None:
     `mode_from_flags`, so Hydra appends ``hydra.mode=RUN`` to them. None otherwise."""
     if any(a.startswith("-") or "=" not in a for a in args):
         return None
-    if any(a.lstrip("+~").startswith(("hydra.mode", "hydra/")) for a in args):
+    if names_mode(args):
         return None
     if any((o := parse(a)) is None or o.is_sweep_override() for a in args):
         return None
