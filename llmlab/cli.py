@@ -425,27 +425,55 @@ def hydra_run_overrides(args: list[str]) -> list[str] | None:
 def reuse_composition():
     """While Hydra runs a command: its composition of a single run's config returns the one
     `preflight` made with the same config name and overrides (`COMPOSED`, each used once), so
-    the config is composed once per command, not twice. Any other composition is Hydra's own."""
+    the config is composed once per command, not twice. In a sweep, Hydra composes each job's
+    config to check the batch, then again to launch the job: the launch takes the check's
+    composition (each used once, in order). Any other composition is Hydra's own."""
     try:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.plugins.sweeper import Sweeper
         from hydra.types import RunMode
-    except ImportError:  # another Hydra: compose twice
+    except ImportError:  # another Hydra: compose as it does
         yield
         return
     original = getattr(ConfigLoaderImpl, "load_configuration", None)
-    if not callable(original) or not COMPOSED:
+    original_sweep = getattr(ConfigLoaderImpl, "load_sweep_config", None)
+    original_check = getattr(Sweeper, "validate_batch_is_legal", None)
+    if not all(callable(f) for f in (original, original_sweep, original_check)):
         yield
         return
+    checked: dict[tuple, list] = {}  # each job's config as the batch check composed it
+    checking = False
 
     def load_configuration(self, config_name, overrides, run_mode, *args, **kwargs):
         kept = COMPOSED.pop((config_name, tuple(overrides)), None) if run_mode == RunMode.RUN else None
         return kept if kept is not None else original(self, config_name, overrides, run_mode, *args, **kwargs)
 
+    def load_sweep_config(self, master_config, sweep_overrides):
+        key = (id(master_config), tuple(sweep_overrides))
+        if not checking and checked.get(key):
+            return checked[key].pop(0)  # the check read it and let it go: the launch may have it
+        cfg = original_sweep(self, master_config, sweep_overrides)
+        if checking:
+            checked.setdefault(key, []).append(cfg)
+        return cfg
+
+    def validate_batch_is_legal(self, batch):
+        nonlocal checking
+        checking = True
+        try:
+            return original_check(self, batch)
+        finally:
+            checking = False
+
     ConfigLoaderImpl.load_configuration = load_configuration
+    ConfigLoaderImpl.load_sweep_config = load_sweep_config
+    Sweeper.validate_batch_is_legal = validate_batch_is_legal
     try:
         yield
     finally:
         ConfigLoaderImpl.load_configuration = original
+        ConfigLoaderImpl.load_sweep_config = original_sweep
+        Sweeper.validate_batch_is_legal = original_check
 
 
 def hydra_app(command: str, declared) -> Callable:

@@ -530,6 +530,39 @@ def test_a_single_run_composes_its_config_once_and_hydra_writes_the_same_files(t
     assert runs[True] == runs[False]
 
 
+def test_a_sweep_composes_each_jobs_config_once_less_and_hydra_writes_the_same_files(tmp_path, monkeypatch):
+    """Hydra composes each job of a sweep to check the batch, then again to launch it; the
+    launch takes the check's composition (`reuse_composition`), and every job's .hydra/ files
+    and the sweep's multirun.yaml are what Hydra's own compositions write."""
+    import contextlib
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    import llmlab.cli
+
+    loads = []
+    original = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: loads.append(1) or original(self, *a, **k))
+    counts, files = {}, {}
+    for reuse in (True, False):
+        if not reuse:
+            monkeypatch.setattr(llmlab.cli, "reuse_composition", contextlib.nullcontext)
+        cwd = tmp_path / str(reuse)
+        cwd.mkdir()
+        (cwd / "c.txt").write_text("def f(x):\n    return x\n" * 200)
+        loads.clear()
+        r = run_cli("train", "-m", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=1", "train.eval_every=0",
+                    "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep", cwd=cwd)
+        assert r.returncode == 0, r.stderr[-2000:]
+        counts[reuse] = len(loads)
+        files[reuse] = {str(f.relative_to(cwd)): f.read_text().replace(str(cwd), "CWD")
+                        for f in sorted((cwd / "sweep").rglob("*.yaml"))}
+    assert counts[False] - counts[True] == 2, counts  # one composition less for each of the two jobs
+    assert len([name for name in files[True] if name.endswith("/.hydra/config.yaml")]) == 2
+    assert files[True] == files[False]
+
+
 @pytest.mark.parametrize("args, expected", [
     (["a=1", "hydra.run.dir=x"], ["a=1", "hydra.run.dir=x", "hydra.mode=RUN"]),
     (["a=1,2"], None), (["-m", "a=1"], None), (["--cfg", "job"], None), (["hydra.mode=RUN"], None),
