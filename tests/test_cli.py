@@ -553,7 +553,7 @@ def test_a_sweep_composes_each_jobs_config_once_less_and_hydra_writes_the_same_f
         (cwd / "c.txt").write_text("def f(x):\n    return x\n" * 200)
         loads.clear()
         r = run_cli("train", "-m", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=1", "train.eval_every=0",
-                    "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep", cwd=cwd)
+                    "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep", "~hydra.callbacks.report", cwd=cwd)
         assert r.returncode == 0, r.stderr[-2000:]
         counts[reuse] = len(loads)
         files[reuse] = {str(f.relative_to(cwd)): f.read_text().replace(str(cwd), "CWD")
