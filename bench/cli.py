@@ -12,7 +12,6 @@ processes, interleaved, medians.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -20,16 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import write_result
-
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, child_env, write_result
 IMPORT = "import llmlab.cli, llmlab.commands.train"
 
 
 def timed(args: list[str], cwd: Path, **env: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(cwd), "WANDB_MODE": "disabled", **env}
     t = time.perf_counter()
-    subprocess.run(args, cwd=cwd, env=env, check=True, capture_output=True)
+    subprocess.run(args, cwd=cwd, env=child_env(cwd, WANDB_MODE="disabled", **env), check=True, capture_output=True)
     return time.perf_counter() - t
 
 

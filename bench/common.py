@@ -13,11 +13,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child_env(**extra: str) -> dict:
-    """The environment of an ``llmlab`` process a benchmark starts: this one's, with this
-    checkout first on PYTHONPATH (before what was there, such as a folder of packages put on
-    it by hand), and ``extra`` on top."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+def child_env(tree: Path = REPO, **extra: str) -> dict:
+    """The environment of an ``llmlab`` process a benchmark starts: this one's, with ``tree``
+    (this checkout, or another one timed beside it) first on PYTHONPATH (before what was
+    there, such as a folder of packages put on it by hand), and ``extra`` on top."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
             **extra}
 
 
