@@ -34,17 +34,22 @@ def xz_bits_per_byte(data_section: dict) -> dict:
     return {"xz9_bpb": 8 * len(packed) / len(raw), "val_bytes": len(raw)}
 
 
+def llmlab(words: list[str], cwd: Path, env: dict) -> None:
+    """``llmlab <words>``; a refusal (its one line is printed above) stops the bench in one line."""
+    done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env)
+    if done.returncode:
+        sys.exit(f"bench.train_default: llmlab {' '.join(words)} failed (exit {done.returncode})")
+
+
 def one_run(tmp: Path, env: dict, name: str, overrides: list[str]) -> dict:
     """``llmlab train`` with ``overrides`` (data already prepared), then ``llmlab eval`` of its
     checkpoint on the whole validation split."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "llmlab", "train", "logger=none", f"hydra.run.dir={name}", *overrides],
-                   cwd=tmp, env=env, check=True)
+    llmlab(["train", "logger=none", f"hydra.run.dir={name}", *overrides], tmp, env)
     wall = time.perf_counter() - t
     summary = json.loads((tmp / name / "summary.json").read_text())
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "llmlab", "eval", f"ckpt={name}", f"hydra.run.dir={name}-eval"], cwd=tmp,
-                   env=env, check=True)
+    llmlab(["eval", f"ckpt={name}", f"hydra.run.dir={name}-eval"], tmp, env)
     eval_s = time.perf_counter() - t
     full = json.loads((tmp / f"{name}-eval" / "eval.json").read_text())
     result = {"command": "llmlab train " + " ".join(["logger=none", *overrides]), "wall_s": round(wall, 1),
@@ -71,8 +76,7 @@ def main() -> None:
         data = {tuple(w for w in words if w.startswith(("data", "tokenizer")))
                 for words in (args.overrides, *([args.reference] if args.reference is not None else []))}
         for i, words in enumerate(sorted(data)):  # the data of each, before and outside either run's time
-            subprocess.run([sys.executable, "-m", "llmlab", "tokenize", f"hydra.run.dir=tokenize-{i}", *words],
-                           cwd=tmp, env=env, check=True)
+            llmlab(["tokenize", f"hydra.run.dir=tokenize-{i}", *words], tmp, env)
         prepare_s = time.perf_counter() - t
         runs = {"default": one_run(tmp, env, "default", args.overrides)}
         if args.reference is not None:
