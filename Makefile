@@ -21,7 +21,7 @@ NANOGPT ?=
 
 install:  ## editable install with the test extra; does nothing when already installed
 	@if [ ! -x "$(PYTHON)" ]; then echo "creating .venv"; python3 -m venv .venv; fi
-	@if $(PYTHON) -c "import llmlab, pytest, scipy, xdist, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') else 1)" 2>/dev/null; then \
+	@if $(PYTHON) -c "import llmlab, pytest, scipy, xdist, sys; sys.exit(0 if llmlab.__file__.startswith('$(CURDIR)/') and tuple(map(int, xdist.__version__.split('.')[:2])) >= (3, 8) else 1)" 2>/dev/null; then \
 		echo "llmlab is installed in $(BIN)"; \
 	else \
 		$(PYTHON) -m pip install -e ".[test]"; \
@@ -33,7 +33,9 @@ run: install  ## prepare the stdlib corpus, train the default model on this mach
 
 # Test files spread over up to 4 processes (pytest-xdist; one per core on a smaller machine).
 # A file stays in one process, so its module fixtures (a trained run, a sweep) are built once.
-PARALLEL := -n auto --maxprocesses=4 --dist loadfile
+# The files go out longest first, in the order tests/conftest.py gives them (xdist would
+# otherwise sort them by their number of tests).
+PARALLEL := -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reorder
 
 test: install  ## the fast suite
 	$(PYTHON) -m pytest -q $(PARALLEL)
