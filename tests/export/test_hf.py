@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import transformers  # a test dependency (pip install -e ".[test]")
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import UserError
 from llmlab.eval.loss import evaluate_loss
@@ -37,6 +36,8 @@ def checkpoint(tmp_path, *overrides):
 
 def hf_loss(directory, tokens: np.ndarray, block: int) -> float:
     """Mean next-token loss of the transformers model over the same fixed windows."""
+    import transformers  # a test dependency (pip install -e ".[test]"), loaded where used, not at collection
+
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     n = (len(tokens) - 1) // block
     windows = torch.from_numpy(np.stack([tokens[i * block:i * block + block + 1] for i in range(n)])).long()
@@ -60,6 +61,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_exported_model_scores_like_llmlab(tmp_path, case):
+    import transformers
+
     overrides, arch = CASES[case]
     ckpt = checkpoint(tmp_path, *overrides)
     model = build_model(ckpt, torch.device("cpu"))

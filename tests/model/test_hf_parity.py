@@ -7,8 +7,6 @@ import torch
 from llmlab.model.transformer import Transformer
 from tests.model.test_presets import composed
 
-import transformers  # noqa: E402  (a test dependency: pip install -e ".[test]")
-
 
 def build(preset: str, ffn: str | None = None, **model) -> Transformer:
     cfg = composed(f"model={preset}", *[f"model.{k}={v}" for k, v in model.items()], *([f"model/ffn={ffn}"] if ffn else []))
@@ -23,6 +21,7 @@ def build(preset: str, ffn: str | None = None, **model) -> Transformer:
 
 
 def test_llama_preset_matches_llama_for_causal_lm():
+    import transformers  # a test dependency (pip install -e ".[test]"), loaded where used, not at collection
     ours = build("llama", d_model=64, n_layers=2, n_heads=4, max_seq_len=64)
     s = ours.spec
     cfg = transformers.LlamaConfig(
@@ -51,6 +50,7 @@ def test_llama_preset_matches_llama_for_causal_lm():
 
 @pytest.mark.parametrize("ffn, activation", [("gelu", "gelu"), ("gelu_tanh", "gelu_new")])
 def test_gpt2_preset_matches_gpt2_lm_head_model(ffn, activation):
+    import transformers
     ours = build("gpt2", d_model=64, n_layers=2, n_heads=4, max_seq_len=64, ffn=ffn)
     cfg = transformers.GPT2Config(
         vocab_size=ours.padded_vocab, n_positions=64, n_embd=64, n_layer=2, n_head=4,
