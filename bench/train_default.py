@@ -34,9 +34,11 @@ def xz_bits_per_byte(data_section: dict) -> dict:
     return {"xz9_bpb": 8 * len(packed) / len(raw), "val_bytes": len(raw)}
 
 
-def llmlab(words: list[str], cwd: Path, env: dict) -> None:
-    """``llmlab <words>``; a refusal (its one line is printed above) stops the bench in one line."""
-    done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env)
+def llmlab(words: list[str], cwd: Path, env: dict, quiet: bool = False) -> None:
+    """``llmlab <words>`` (``quiet``: its standard output dropped); a refusal (its one line is
+    printed above) stops the bench in one line."""
+    done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env,
+                          stdout=subprocess.DEVNULL if quiet else None)
     if done.returncode:
         sys.exit(f"bench.train_default: llmlab {' '.join(words)} failed (exit {done.returncode})")
 
@@ -72,9 +74,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-train-") as tmp:
         tmp = Path(tmp)
         env = child_env(LLMLAB_CACHE=str(tmp / "cache"))
+        recipes = [args.overrides, *([args.reference] if args.reference is not None else [])]
+        for words in recipes:  # a mistyped key or value stops here, in a second, not after the data is prepared
+            llmlab(["train", "--cfg", "job", "logger=none", *words], tmp, env, quiet=True)
         t = time.perf_counter()
         data = {tuple(w for w in words if w.startswith(("data", "tokenizer")))
-                for words in (args.overrides, *([args.reference] if args.reference is not None else []))}
+                for words in recipes}
         for i, words in enumerate(sorted(data)):  # the data of each, before and outside either run's time
             llmlab(["tokenize", f"hydra.run.dir=tokenize-{i}", *words], tmp, env)
         prepare_s = time.perf_counter() - t

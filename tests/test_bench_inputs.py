@@ -34,3 +34,26 @@ def test_a_hand_edited_grids_file_stops_with_one_line(tmp_path, text, names):
     message = str(stop.value)
     assert message.startswith(f"bench.isoflop: {path}: ") and "\n" not in message
     assert names in message
+
+
+def test_a_mistyped_recipe_stops_train_default_before_the_data_is_prepared(monkeypatch, capfd):
+    """`bench.train_default` checks both recipes' settings (`llmlab train --cfg job`, a second)
+    before it tokenizes anything: a typo in the reference stops it in one line that names the
+    command, and no tokenize or training ran."""
+    from bench import train_default
+
+    ran = []
+    real = train_default.llmlab
+
+    def recorded(words, *args, **kwargs):
+        ran.append(words[0] if words[1:2] != ["--cfg"] else "check")
+        return real(words, *args, **kwargs)
+
+    monkeypatch.setattr(train_default, "llmlab", recorded)
+    monkeypatch.setattr("sys.argv", ["bench.train_default", "--overrides", "train.steps=2",
+                                     "--reference", "optim.lrr=1"])
+    with pytest.raises(SystemExit) as stop:
+        train_default.main()
+    assert str(stop.value) == "bench.train_default: llmlab train --cfg job logger=none optim.lrr=1 failed (exit 2)"
+    assert ran == ["check", "check"]  # the first recipe passed its check; nothing ran after the second's
+    assert "llmlab: error: optim.lrr: unknown key" in capfd.readouterr().err
