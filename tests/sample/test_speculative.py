@@ -110,7 +110,7 @@ def test_confidence_stop_with_mtp_heads_keeps_greedy_output():
     assert stats.proposed == stats.rounds  # one head's draft per round
 
 
-def overfit_cycle(model, period: int = 7, steps: int = 150):
+def overfit_cycle(model, period: int = 7, steps: int = 60):
     """Teach a tiny model (and its MTP heads) a repeating sequence, so its heads agree."""
     seq = torch.arange(33) % period + 1
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
