@@ -78,6 +78,9 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(session, config, items):
+    stale = [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()]
+    if stale:  # a renamed or removed file would quietly lose its place
+        raise pytest.UsageError(f"tests/conftest.py: LONGEST_FIRST names no such test file: {', '.join(stale)}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
 
     def place(item) -> int:
