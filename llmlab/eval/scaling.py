@@ -36,6 +36,10 @@ BOOT_GRID = 12  # a coarser grid for each bootstrap replicate
 # and Nelder-Mead at the main fit's 1e-6 spent its 2,000 iterations on most replicates (20 s
 # of a 6-run sweep's report), for exponents that differ below the interval's own width
 BOOT_XATOL, BOOT_MAXITER = 1e-4, 300
+# ... and Nelder-Mead stops there: it ends when its simplex is within xatol AND its losses agree
+# within fatol, and an absolute 1e-16 kept it shrinking to ~1e-10 (110 evaluations a replicate);
+# losses that agree to 1e-7 of their size end it at 52, the exponents within 5e-5 of an exact fit
+BOOT_FRTOL = 1e-7
 BOOTSTRAPS = 200
 CENTRE = (0.25, 0.75)  # an optimum outside this share of the size grid's log span is off-centre
 LEVEL = 0.95
@@ -94,10 +98,12 @@ def _grid_sse(exps: np.ndarray, ln: np.ndarray, ld: np.ndarray, y: np.ndarray) -
 
 
 def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], grid: int = GRID,
-                xatol: float = 1e-6, maxiter: int = 2000) -> Surface:
+                xatol: float = 1e-6, maxiter: int = 2000, frtol: float = 0.0) -> Surface:
     """Least-squares fit of L = E + A N^-alpha + B D^-beta (E, A, B >= 0) by variable
     projection. Needs at least two sizes, two token counts and five points. ``grid``,
-    ``xatol`` and ``maxiter``: the exponents' search grid and Nelder-Mead's refinement."""
+    ``xatol``, ``maxiter`` and ``frtol``: the exponents' search grid and Nelder-Mead's
+    refinement, which ends when its simplex is within ``xatol`` and its sums of squares agree
+    within ``frtol`` of their size (0: to the last digits)."""
     from scipy.optimize import minimize
 
     n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
@@ -113,7 +119,8 @@ def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], g
     value, i, j = min((_project(exps[i], exps[j], ln, ld, y)[1], i, j) for i, j in candidates)
     best = np.array([exps[i], exps[j]])
     refined = minimize(lambda p: _project(p[0], p[1], ln, ld, y)[1], best, method="Nelder-Mead",
-                       bounds=[EXPONENTS, EXPONENTS], options={"xatol": xatol, "fatol": 1e-16, "maxiter": maxiter})
+                       bounds=[EXPONENTS, EXPONENTS],
+                       options={"xatol": xatol, "fatol": max(frtol * value, 1e-16), "maxiter": maxiter})
     if refined.fun < value:
         best, value = refined.x, refined.fun
     alpha, beta = (float(v) for v in best)
@@ -201,7 +208,7 @@ def bootstrap(cells: Sequence[Cell], fit: Surface, reps: int = BOOTSTRAPS, seed:
 
 def boot_fit(n: np.ndarray, d: np.ndarray, sample: np.ndarray) -> Surface:
     """`fit_surface` as each bootstrap replicate runs it (a coarser grid and tolerance)."""
-    return fit_surface(n, d, sample, grid=BOOT_GRID, xatol=BOOT_XATOL, maxiter=BOOT_MAXITER)
+    return fit_surface(n, d, sample, grid=BOOT_GRID, xatol=BOOT_XATOL, maxiter=BOOT_MAXITER, frtol=BOOT_FRTOL)
 
 
 def interval(values, level: float = LEVEL) -> tuple[float, float] | None:
