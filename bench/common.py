@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,16 @@ def child_env(tree: Path = REPO, **extra: str) -> dict:
     there, such as a folder of packages put on it by hand), and ``extra`` on top."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
             **extra}
+
+
+def llmlab(bench: str, words: list[str], cwd: Path, env: dict, quiet: bool = False) -> None:
+    """``llmlab <words>`` for the benchmark ``bench`` (``quiet``: its standard output dropped);
+    a refusal (llmlab's own line is printed above) stops the benchmark in one line, not in a
+    CalledProcessError traceback."""
+    done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env,
+                          stdout=subprocess.DEVNULL if quiet else None)
+    if done.returncode:
+        sys.exit(f"bench.{bench}: llmlab {' '.join(words)} failed (exit {done.returncode})")
 
 
 def machine() -> dict:

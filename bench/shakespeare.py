@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import child_env, train_config, write_result
+from bench.common import child_env, llmlab, train_config, write_result
 
 WIDTH, LAYERS, HEADS, BLOCK, BATCH = 128, 4, 4, 64, 12  # nanoGPT's CPU line: n_embd, n_layer, n_head, block, batch
 SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", f"model.max_seq_len={BLOCK}",
@@ -55,8 +55,7 @@ RECIPE = ["tokenizer=byte", "optim.lr=1e-3", "optim.beta2=0.99", "sched=cosine",
 
 def llmlab_train(tmp: Path, env: dict, name: str, overrides: list[str]) -> dict:
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "llmlab", "train", f"hydra.run.dir={name}", *overrides], cwd=tmp, env=env,
-                   check=True)
+    llmlab("shakespeare", ["train", f"hydra.run.dir={name}", *overrides], tmp, env)
     wall = time.perf_counter() - t
     s = json.loads((tmp / name / "summary.json").read_text())
     return {"overrides": overrides, "wall_s": round(wall, 1), "params": s["params"], "tokens_per_s": s["tokens_per_s"],

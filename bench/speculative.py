@@ -24,13 +24,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import child_env, write_result
+from bench.common import child_env, llmlab, write_result
 
 PROMPTS = ["def ", "import os\nimport sys\n\n\n", "class Parser:\n    def __init__(self, ", "    for i in range(",
            "if __name__ == '__main__':\n", "        return self.", "    @property\n    def ", "try:\n    import "]
@@ -39,8 +37,7 @@ COMMON = ["logger=none", "train.eval_every=0", "train.eval_windows=8", "train.ck
 
 
 def train(tmp: Path, env: dict, name: str, shape: list[str], steps: int) -> Path:
-    subprocess.run([sys.executable, "-m", "llmlab", "train", f"hydra.run.dir={name}", *COMMON, *shape,
-                    f"train.steps={steps}"], cwd=tmp, env=env, check=True)
+    llmlab("speculative", ["train", f"hydra.run.dir={name}", *COMMON, *shape, f"train.steps={steps}"], tmp, env)
     return tmp / name
 
 

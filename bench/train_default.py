@@ -4,7 +4,8 @@
     python -m bench.train_default [--overrides key=value ...]
     python -m bench.train_default --overrides <a new recipe> --reference    # beside today's defaults
 
-The data is prepared first, outside the runs' times. With ``--reference [key=value ...]`` a
+Both recipes' settings are checked first (``llmlab train --cfg job``), then the data is
+prepared, outside the runs' times. With ``--reference [key=value ...]`` a
 second recipe trains after the first on the same machine, and the result carries both, the
 ratio of their training times and the difference of their bits per byte.
 Targets: the default run finishes in <= 10 minutes on 2 CPU cores; a new default recipe
@@ -14,14 +15,14 @@ reaches the reference's bits per byte (or better) in at most half its training t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import lzma
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import common
 from bench.common import child_env, write_result
 from llmlab.data.corpus import CORPUS
 
@@ -34,13 +35,7 @@ def xz_bits_per_byte(data_section: dict) -> dict:
     return {"xz9_bpb": 8 * len(packed) / len(raw), "val_bytes": len(raw)}
 
 
-def llmlab(words: list[str], cwd: Path, env: dict, quiet: bool = False) -> None:
-    """``llmlab <words>`` (``quiet``: its standard output dropped); a refusal (its one line is
-    printed above) stops the bench in one line."""
-    done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env,
-                          stdout=subprocess.DEVNULL if quiet else None)
-    if done.returncode:
-        sys.exit(f"bench.train_default: llmlab {' '.join(words)} failed (exit {done.returncode})")
+llmlab = functools.partial(common.llmlab, "train_default")
 
 
 def one_run(tmp: Path, env: dict, name: str, overrides: list[str]) -> dict:
