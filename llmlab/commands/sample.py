@@ -43,7 +43,7 @@ class SampleConfig(Checked):
     seed: int = 0
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
-    pack_weights: Any = "auto"  # auto | true | false: CPU decoding with oneDNN-prepacked weights (auto: the layers where they measure faster)
+    pack_weights: Any = "auto"  # auto | true | false: CPU decoding with weights laid out anew (auto: the layout each model measures fastest in; true: oneDNN's)
     draft: str | None = None  # a smaller checkpoint (same tokenizer) for speculative decoding
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
@@ -112,6 +112,8 @@ def causal_checkpoint(path, key: str):
 
 
 def run(job: SampleConfig, run_dir: Path) -> None:
+    import collections
+
     import torch
 
     from llmlab import console
@@ -151,10 +153,12 @@ def run(job: SampleConfig, run_dir: Path) -> None:
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
     with amp, torch.no_grad():
         models = [model, *([draft] if draft is not None else [])]
-        chosen = len(chosen_linears(models, job.pack_weights))
+        layouts = collections.Counter(chosen_linears(models, job.pack_weights).values())
         layers = sum(type(m) is torch.nn.Linear for m in models for m in m.modules())
-        packed = "" if not chosen else (", packed weights" if chosen == layers
-                                         else f", packed weights ({chosen} of {layers} layers)")
+        packed = "" if not layouts else (f", packed weights ({next(iter(layouts))})"
+                                         if len(layouts) == 1 and layouts.total() == layers else
+                                         f", packed weights ({', '.join(f'{k} {v}' for k, v in layouts.items())} "
+                                         f"of {layers} layers)")
     console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{packed}{how}", style="dim")
 
     stream = len(prompts) == 1 and n == 1

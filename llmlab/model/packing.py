@@ -1,28 +1,33 @@
-"""Prepacked weights for decoding on the CPU.
+"""Weights laid out anew for decoding on the CPU.
 
 A decoding step multiplies a few rows (one token, a speculative round's k + 1 drafts, a
-teacher's batch of windows) by every weight matrix. ``F.linear`` hands that to the BLAS, which
-re-lays the weight out for its kernel on every call, and for a handful of rows that costs more
-than the product. oneDNN can lay each weight out once (``mkldnn._reorder_linear_weight``) and
-reuse it (``mkldnn._linear_pointwise``), the path inductor takes for frozen CPU graphs.
+teacher's batch of windows) by every weight matrix, and reading the weights is most of the
+work. ``F.linear`` hands the BLAS each weight as it is stored, (out, in), to be read
+transposed. Three other layouts are kept as a second copy of the weights:
 
-Whether that pays depends on the machine and the shape. On 2 Zen 3 cores with AVX-512, fp32
-(median µs, F.linear -> packed):
-  8192 x 512 (an LM head):  1 row 570 -> 245,  5 rows 1950 -> 460,  64 rows 5720 -> 3870
-  1536 x 512 (a qkv proj):  1 row 104 -> 79,   5 rows 197 -> 96,    64 rows 733 -> 639
-while on 2 older AVX2 cores the packed product lost at every shape (1 row: 8192 x 512 1483 ->
-1697, 1536 x 512 110 -> 207, 96 x 32 8.9 -> 63), and below d 384 it lost on the first machine
-too. So ``pack_weights=auto`` times both products once per layer shape and thread count, one
-row at a time as decoding runs them, and packs a layer only where the packed one is clearly
-faster (`packing_pays`); ``true`` packs every layer. With 256 rows and more the two are alike,
-so prefill neither gains nor loses much.
+- ``onednn``: oneDNN's blocked layout (``mkldnn._reorder_linear_weight``), multiplied by
+  ``mkldnn._linear_pointwise``, the path inductor takes for frozen CPU graphs;
+- ``transposed``: (in, out), which the BLAS reads front to back as it lies;
+- ``split``: that cut into one block of columns per thread, (threads, in, out / threads), one
+  batched product whose blocks run side by side. The BLAS runs a product of one row on one
+  thread; two threads reading their halves of the weight draw more of the memory's bandwidth.
 
-``packed_linears(model, ...)`` swaps every ``nn.Linear``'s forward for the packed product while
-it is open and restores them when it closes. The packed copies are kept per module and made
-again when a weight changes (its version counter moves, or it moves in memory), so a model that
+Which is fastest depends on the machine and the model, and a layer timed alone says little:
+its weight stays in the cache, where decoding a model streams every weight from memory. On 2
+AVX2 cores (Zen 1), fp32, llama-family models, one token's forward (ms; plain, transposed,
+split, oneDNN): d 192, 4 layers 3.4, 3.2, 3.3, 4.7; d 384, 6 layers 7.8, 7.3, 7.0, 8.9; d 512,
+8 layers 14.4, 13.7, 12.3, 15.0. On 2 Zen 3 cores with AVX-512, oneDNN's layout won from d 384
+up (an 8,192 x 512 LM head: 570 -> 245 µs a row) and lost below. So ``pack_weights=auto`` times
+the model's own decoding step in each layout (`model_layout`), once per set of layer shapes
+and thread count in a process, and takes the fastest where it beats ``F.linear`` by 3%;
+``true`` lays every layer out in oneDNN's layout. The products agree with ``F.linear`` to
+rounding (the order of the sums differs).
+
+``packed_linears(model, ...)`` swaps every ``nn.Linear``'s forward for its layout's product while
+it is open and restores them when it closes. The copies are kept per module and made again
+when a weight changes (its version counter moves, or it moves in memory), so a model that
 trains between samples never decodes with stale weights.
 """
-
 from __future__ import annotations
 
 import functools
@@ -79,19 +84,23 @@ def check_pack(value, key: str = "pack_weights") -> None:
 
 
 def should_pack(models: list[nn.Module], enabled="auto") -> bool:
-    """Whether any layer of ``models`` may be packed. ``enabled``: "auto" considers fp32 CPU
-    models on x86-64 (`chosen_linears` then keeps the layers where it pays); True packs
-    wherever the ops work; False never. Never while autograd records (training), under CPU
-    autocast (the packed product is fp32 only) or for sharded (FSDP) parameters."""
+    """Whether any layer of ``models`` may be laid out anew. ``enabled``: "auto" considers
+    fp32 CPU models (`chosen_linears` then keeps the layers where a layout pays); True packs
+    every layer in oneDNN's layout wherever its ops work; False never. Never while autograd
+    records (training), under CPU autocast (both products are fp32 only) or for sharded
+    (FSDP) parameters."""
     check_pack(enabled)
     if enabled is False or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return False
     params = [p for m in models for p in m.parameters()]
     if not params or any(not _plain_cpu_fp32(p) for p in params):
         return False
-    if enabled == "auto" and platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return packing_supported()
+    return enabled == "auto" or packing_supported()
+
+
+def _onednn_candidate() -> bool:
+    """Whether "auto" times oneDNN's layout: on x86-64, where its ops work."""
+    return platform.machine().lower() in ("x86_64", "amd64") and packing_supported()
 
 
 def _plain_cpu_fp32(p: torch.Tensor) -> bool:
@@ -100,73 +109,168 @@ def _plain_cpu_fp32(p: torch.Tensor) -> bool:
     return type(p.detach()) is torch.Tensor and p.device.type == "cpu" and p.dtype == torch.float32
 
 
-def packed_weight(linear: nn.Linear) -> torch.Tensor:
-    """The oneDNN layout of ``linear.weight``, made again when the weight has changed."""
+def _split_parts(out_features: int) -> int:
+    """How many column blocks the split layout cuts a layer into: one per intra-op thread (at
+    most 8), fewer where they would not divide its outputs evenly; 1: no split."""
+    parts = max(1, min(torch.get_num_threads(), 8))
+    while out_features % parts:
+        parts -= 1
+    return parts
+
+
+def _layout_copy(w: torch.Tensor, layout: str) -> torch.Tensor:
+    """``w`` (N, K) laid out for ``layout``: oneDNN's blocked layout; the transposed (K, N);
+    or that cut into column blocks, (parts, K, N / parts), each contiguous."""
+    if layout == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
+    if layout == "transposed":
+        return w.t().contiguous()
+    n, k = w.shape
+    parts = _split_parts(n)
+    return w.t().reshape(k, parts, n // parts).transpose(0, 1).contiguous()
+
+
+def _transposed_linear(x: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., K) times the transposed weight (K, N), + bias: the BLAS reads the weight row by
+    row as it lies, where ``F.linear`` hands it over transposed."""
+    y = torch.matmul(x, wt)
+    return y if bias is None else y.add_(bias)
+
+
+def _split_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., K) times the split layout (P, K, N / P), + bias: one batched product whose P
+    blocks run on P threads, each reading its block of the weight front to back (a single
+    product of one row runs on one thread)."""
+    parts, k, n = blocks.shape
+    rows = x.reshape(1, -1, k)
+    rows = rows.expand(parts, -1, -1)
+    y = torch.bmm(rows, blocks) if bias is None else torch.baddbmm(bias.view(parts, 1, n), rows, blocks)
+    if rows.shape[1] > 1:  # (P, M, n) -> (M, P, n); with one row the blocks already lie in order
+        y = y.transpose(0, 1)
+    return y.reshape(*x.shape[:-1], parts * n)
+
+
+def _parts_key(linear: nn.Linear, layout: str) -> int:
+    return _split_parts(linear.out_features) if layout == "split" else 0
+
+
+def packed_weight(linear: nn.Linear, layout: str = "onednn") -> torch.Tensor:
+    """``linear.weight`` in ``layout`` (see `LAYOUTS`), made again when the weight has changed
+    (or, for "split", the thread count)."""
     w = linear.weight
-    key = (w.data_ptr(), w._version)
+    key = (w.data_ptr(), w._version, layout, _parts_key(linear, layout))
     hit = _packed.get(linear)
     if hit is None or hit[0] != key:
         with kept_tensors():
-            hit = (key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT))
+            hit = (key, _layout_copy(w.detach(), layout))
         _packed[linear] = hit
     return hit[1]
 
 
-def _packed_forward(linear: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _forward(product, linear: nn.Linear, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, linear.weight, linear.bias)
-    return _linear(x, packed, linear.bias)
+    return product(x, weight, linear.bias)
 
 
-# packed must take under this share of F.linear's time for "auto" to pack a layer (the rest
-# is noise: a tie is left to F.linear, which needs no second copy of the weight)
-PAYS_BELOW = 0.9
-_pays: dict[tuple, bool] = {}
+#: the layouts besides ``F.linear``'s own ("plain"), each with its product
+LAYOUTS = {"onednn": _linear, "transposed": _transposed_linear, "split": _split_linear}
+
+# a layout must take under this share of F.linear's time for "auto" to choose it (the rest
+# is noise: a tie is left to F.linear, which needs no second copy of the weights)
+PAYS_BELOW = 0.97
+ROUNDS = 3
+_chosen: dict[tuple, str] = {}
 
 
-def _time_one_row(out_features: int, in_features: int, bias: bool, samples: int = 7) -> tuple[float, float]:
-    """Median seconds of one row through ``F.linear`` and through the packed product, for a
-    random layer of this shape, the two interleaved so that other load hits both alike."""
-    import statistics
+def _candidates(linears: list[nn.Linear]) -> list[str]:
+    """The layouts "auto" times: "split" where more than one thread runs, oneDNN's on x86-64."""
+    split = any(_split_parts(m.out_features) > 1 for m in linears)
+    return ["plain", "transposed"] + ["split"] * split + ["onednn"] * _onednn_candidate()
+
+
+def _install(linears: list[nn.Linear], layout: str, copies: dict[nn.Linear, torch.Tensor]) -> None:
+    for m in linears:
+        if layout == "plain":
+            m.__dict__.pop("forward", None)
+        else:
+            m.forward = functools.partial(_forward, LAYOUTS[layout], m, copies[m])
+
+
+def _time_layouts(model: nn.Module, linears: list[nn.Linear],
+                  rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, dict]]:
+    """Seconds of one decoding step of ``model`` (one token, a short cache) with all its
+    layers in each candidate layout, the least of ``rounds`` turns: the layouts take turns, so
+    that other load hits all alike, and each turn runs two steps and times the second (the
+    first wakes the threads a split product runs on). In inference and eval mode, with the
+    random state put back. Returns the times and each layout's copies of the weights."""
     import time
 
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(out_features, in_features, generator=gen)
-    b = torch.randn(out_features, generator=gen) if bias else None
-    x = torch.randn(1, 1, in_features, generator=gen)
-    calls = max(1, min(50, 500_000 // (out_features * in_features)))
-    with torch.no_grad():  # nothing made here outlives the measurement
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
-        runs = {"plain": lambda: F.linear(x, w, b), "packed": lambda: _linear(x, packed, b)}
-        times: dict[str, list[float]] = {"plain": [], "packed": []}
-        for i in range(samples + 1):
-            for name, run in runs.items():
-                t = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                if i:  # the first round warms up
-                    times[name].append((time.perf_counter() - t) / calls)
-    return statistics.median(times["plain"]), statistics.median(times["packed"])
+    names = _candidates(linears)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    was_training = model.training
+    model.eval()
+    try:
+        with kept_tensors():  # ordinary tensors: the fastest layout's are kept for later decoding
+            copies = {name: {m: _layout_copy(m.weight.detach(), name) for m in linears}
+                      for name in names if name != "plain"}
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            cache = model.new_cache(1, 2)
+            token = torch.zeros(1, 1, dtype=torch.long)
+            model(token, cache=cache)  # a first forward pays for what is made once
+            for i in range(rounds):
+                for name in names[i % len(names):] + names[:i % len(names)]:  # who goes first rotates
+                    _install(linears, name, copies.get(name, {}))
+                    for _ in range(2):
+                        cache.truncate(0)
+                        t = time.perf_counter()
+                        model(token, cache=cache)
+                    times[name].append(time.perf_counter() - t)
+    finally:
+        _install(linears, "plain", {})
+        model.train(was_training)
+    return {name: min(ts) for name, ts in times.items()}, copies
 
 
-def packing_pays(linear: nn.Linear) -> bool:
-    """Whether the packed product decodes this layer's shape clearly faster than ``F.linear``
-    here: measured once per shape and thread count in a process (a few ms, 20 to 40 for an
-    LM head of 8,192 x 512)."""
-    key = (linear.out_features, linear.in_features, linear.bias is not None, torch.get_num_threads())
-    if key not in _pays:
-        plain, packed = _time_one_row(*key[:3])
-        _pays[key] = packed < PAYS_BELOW * plain
-    return _pays[key]
+def model_layout(model: nn.Module) -> str:
+    """The layout that decodes ``model`` fastest here: "plain" (``F.linear``) unless another
+    takes under `PAYS_BELOW` of its time, measured on the model's own decoding step (what a
+    layer costs depends on what runs around it: a layer timed alone keeps its weight in the
+    cache, where decoding streams every weight from memory). Once per set of layer shapes and
+    thread count in a process: 25 steps of the model and a copy of its weights in each layout,
+    about 0.1 s at 1.7M parameters and 0.4 s at 23M on 2 AVX2 cores."""
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    key = (tuple((m.out_features, m.in_features, m.bias is not None) for m in linears), type(model).__name__,
+           torch.get_num_threads())
+    if key not in _chosen:
+        times, copies = _time_layouts(model, linears)
+        best = min(times, key=times.__getitem__)
+        _chosen[key] = best if times[best] < PAYS_BELOW * times["plain"] else "plain"
+        for m, copy in copies.get(_chosen[key], {}).items():  # what `packed_weight` would make again
+            w = m.weight
+            _packed[m] = ((w.data_ptr(), w._version, _chosen[key], _parts_key(m, _chosen[key])), copy)
+    return _chosen[key]
 
 
-def chosen_linears(models: list[nn.Module], enabled="auto") -> list[nn.Linear]:
-    """The layers `packed_linears` packs: none where `should_pack` says no; with ``enabled``
-    True every ``nn.Linear``; with "auto" those whose shape `packing_pays`."""
+def chosen_linears(models: list[nn.Module], enabled="auto") -> dict[nn.Linear, str]:
+    """The layers `packed_linears` lays out anew, each with its layout: none where
+    `should_pack` says no; with ``enabled`` True every ``nn.Linear`` in oneDNN's; with "auto"
+    each model's in the layout `model_layout` measures (a model without a decode cache, or
+    with a layer already swapped by an outer `packed_linears`, keeps ``F.linear``)."""
     if not should_pack(models, enabled):
-        return []
-    linears = [m for model in models for m in model.modules() if type(m) is nn.Linear]
-    return linears if enabled is True else [m for m in linears if packing_pays(m)]
+        return {}
+    chosen: dict[nn.Linear, str] = {}
+    for model in models:
+        linears = [m for m in model.modules() if type(m) is nn.Linear and m not in chosen]
+        if enabled is True:
+            layout = "onednn"
+        elif not linears or not hasattr(model, "new_cache") or any("forward" in m.__dict__ for m in linears):
+            continue
+        else:
+            layout = model_layout(model)
+        if layout != "plain":
+            chosen.update(dict.fromkeys(linears, layout))
+    return chosen
 
 
 @contextmanager
@@ -177,9 +281,9 @@ def packed_linears(*models: nn.Module | None, enabled="auto", keep: bool = True)
     between samples would only pack them again)."""
     models = [m for m in models if m is not None]
     swapped: list[nn.Linear] = []
-    for m in chosen_linears(models, enabled):
-        if "forward" not in m.__dict__ and m not in swapped:
-            m.forward = functools.partial(_packed_forward, m, packed_weight(m))
+    for m, layout in chosen_linears(models, enabled).items():
+        if "forward" not in m.__dict__:
+            m.forward = functools.partial(_forward, LAYOUTS[layout], m, packed_weight(m, layout))
             swapped.append(m)
     try:
         yield bool(swapped)

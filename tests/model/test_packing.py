@@ -1,6 +1,7 @@
-"""Prepacked CPU weights: the same numbers as ``F.linear`` for every attention kind, in full and
-incremental forwards; swapped back on exit; packed again when a weight changes; never while
-autograd records."""
+"""Weights laid out for CPU decoding (oneDNN's, transposed, split in column blocks): the same
+numbers as ``F.linear`` for every attention kind, in full and incremental forwards; the layout
+"auto" measures fastest on the model itself; swapped back on exit; laid out again when a weight
+changes; never while autograd records."""
 
 import functools
 import platform
@@ -24,53 +25,104 @@ def swapped(model) -> list[nn.Linear]:
 
 
 def test_x86_builds_with_onednn_pack():
-    """Where "auto" packs (x86-64 with oneDNN), the probe must find the ops working: otherwise
-    every other test here would pass on the unpacked path alone."""
+    """Where "auto" may choose oneDNN's layout (x86-64 with oneDNN), the probe must find its
+    ops working: otherwise every oneDNN test here would pass on the other layouts alone."""
+    import llmlab.model.packing as pk
+    linears = [m for m in tiny_model().modules() if isinstance(m, nn.Linear)]
     if platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available():
-        assert packing_supported()
-    else:  # elsewhere "auto" must fall back, whatever the probe says
-        with torch.no_grad(), packed_linears(tiny_model(), enabled="auto") as packed:
-            assert not packed
+        assert packing_supported() and "onednn" in pk._candidates(linears)
+    else:  # elsewhere "auto" must not time it
+        assert "onednn" not in pk._candidates(linears)
 
 
-@pytest.mark.skipif(not packing_supported(), reason="this torch build has no oneDNN packing")
-def test_auto_packs_the_layers_whose_shape_measured_faster(monkeypatch):
-    """"auto" packs a layer only where the timing of its shape says the packed product is
-    clearly faster (here: the 96-wide q/k/v projections only), times each shape once, and a
-    tie goes to F.linear."""
+def test_auto_lays_each_model_out_as_its_own_decoding_measured_fastest(monkeypatch):
+    """"auto" times the model's decoding step in each candidate layout once per set of layer
+    shapes (and thread count), takes the fastest, and leaves a near tie to F.linear; a second
+    model of other shapes is timed on its own; true packs every layer in oneDNN's layout."""
     import llmlab.model.packing as pk
     timed = []
+    verdicts = {2: {"plain": 1.0, "transposed": 0.9, "split": 0.7}, 1: {"plain": 1.0, "transposed": 0.98}}
 
-    def fake(out_features, in_features, bias):
-        timed.append((out_features, in_features))
-        if out_features == 96:  # clearly faster
-            return 1.0, 0.5
-        return 1.0, 0.95  # within noise: not worth a second copy
-    monkeypatch.setattr(pk, "_time_one_row", fake)
-    monkeypatch.setattr(pk, "_pays", {})
-    model = tiny_model()
-    with torch.no_grad(), packed_linears(model, enabled="auto") as packed:
+    def fake(model, linears, rounds=pk.ROUNDS):
+        timed.append(len(model.blocks))
+        assert linears == [m for m in model.modules() if isinstance(m, nn.Linear)]
+        return verdicts[len(model.blocks)], {}
+    monkeypatch.setattr(pk, "_time_layouts", fake)
+    monkeypatch.setattr(pk, "_chosen", {})
+    target, draft = tiny_model(0), tiny_model(1, n_layers=1)
+    with torch.no_grad(), packed_linears(target, draft, enabled="auto") as packed:
         assert packed
-        chosen = {(m.out_features, m.in_features) for m in swapped(model)}
-    assert chosen == {(96, 32)}
-    assert sorted(timed) == sorted({(m.out_features, m.in_features) for m in model.modules()
-                                    if isinstance(m, nn.Linear)})  # once per shape
-    with torch.no_grad(), packed_linears(model, enabled="auto"):
+        assert {m: m.forward.args[0] for m in swapped(target)} == dict.fromkeys(
+            [m for m in target.modules() if isinstance(m, nn.Linear)], pk.LAYOUTS["split"])
+        assert not swapped(draft)  # 0.98 of F.linear's time: a tie, no second copy
+    assert timed == [2, 1]
+    with torch.no_grad(), packed_linears(tiny_model(5), enabled="auto"):  # the same shapes, other weights
         pass
-    assert len(timed) == len(set(timed))  # remembered: not timed again
-    with torch.no_grad(), packed_linears(model, enabled=True):  # true: every layer
-        assert len(swapped(model)) == sum(isinstance(m, nn.Linear) for m in model.modules())
-
-
-@pytest.mark.skipif(not packing_supported(), reason="this torch build has no oneDNN packing")
-def test_the_timing_runs_both_products():
-    import llmlab.model.packing as pk
-    plain, packed = pk._time_one_row(48, 32, True, samples=3)
-    assert 0 < plain < 1 and 0 < packed < 1
+    assert timed == [2, 1]  # remembered: not timed again
+    if packing_supported():
+        with torch.no_grad(), packed_linears(target, enabled=True):  # true: every layer, oneDNN's
+            assert {m.forward.args[0] for m in swapped(target)} == {pk.LAYOUTS["onednn"]}
+            assert len(swapped(target)) == sum(isinstance(m, nn.Linear) for m in target.modules())
 
 
 @pytest.mark.parametrize("attn", KINDS, ids=[k["kind"] for k in KINDS])
-def test_packed_forward_matches_plain(attn):
+def test_the_timing_runs_every_candidate_on_the_model_and_leaves_it_as_it_was(attn):
+    """The timing decodes with the model itself, of every attention kind: every candidate
+    layout is timed, with a copy of every layer's weight, and the model comes back unswapped,
+    in the mode it was in, with the global random state as it was."""
+    import llmlab.model.packing as pk
+    model = tiny_model(attention=attn, init_std=0.3)
+    model.train()
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    state = torch.get_rng_state()
+    with torch.no_grad():
+        times, copies = pk._time_layouts(model, linears, rounds=1)
+    assert list(times) == pk._candidates(linears)
+    assert {"plain", "transposed"} <= set(times) and all(0 < t < 1 for t in times.values())
+    assert {name: set(c) for name, c in copies.items()} == {name: set(linears) for name in times if name != "plain"}
+    assert model.training and not swapped(model)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("verdict", ["transposed", "plain"])
+def test_decoding_uses_the_copies_the_timing_made_and_keeps_none_for_plain(verdict, monkeypatch):
+    import llmlab.model.packing as pk
+    real, made = pk._time_layouts, {}
+
+    def forced(model, linears, rounds=pk.ROUNDS):
+        times, copies = real(model, linears, rounds=1)
+        made.update(copies)
+        return {**dict.fromkeys(times, 1.0), verdict: 0.5}, copies
+    monkeypatch.setattr(pk, "_time_layouts", forced)
+    monkeypatch.setattr(pk, "_chosen", {})
+    model = tiny_model(7)
+    with torch.no_grad(), packed_linears(model, enabled="auto") as packed:
+        assert packed == (verdict != "plain")
+        assert all(m.forward.args[2] is made[verdict][m] for m in swapped(model))
+    assert any(m in pk._packed for m in model.modules()) == (verdict != "plain")
+
+
+@pytest.mark.parametrize("threads, out_features, parts", [(1, 96, 1), (2, 96, 2), (3, 64, 2), (4, 97, 1), (16, 96, 8)])
+def test_the_split_cuts_a_layer_into_one_block_per_thread_where_they_divide_it(threads, out_features, parts,
+                                                                                monkeypatch):
+    import llmlab.model.packing as pk
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert pk._split_parts(out_features) == parts
+
+
+LAYOUTS = ["onednn", "transposed", "split"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("attn", KINDS, ids=[k["kind"] for k in KINDS])
+def test_packed_forward_matches_plain(attn, layout, monkeypatch):
+    """Every layout gives F.linear's numbers, biases included, for one row and for many (the
+    split layout cut in two blocks, as on two threads)."""
+    import llmlab.model.packing as pk
+    if layout == "onednn" and not packing_supported():
+        pytest.skip("this torch build has no oneDNN packing")
+    monkeypatch.setattr(pk, "model_layout", lambda model: layout)
+    monkeypatch.setattr(pk, "_split_parts", lambda out_features: 2 if out_features % 2 == 0 else 1)
     model = tiny_model(attention=attn, bias=True, init_std=0.3)
     x = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
@@ -78,10 +130,13 @@ def test_packed_forward_matches_plain(attn):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 m.bias.normal_(0, 0.3)
         ref = model(x).logits
-        with packed_linears(model, enabled=True) as packed:
-            assert packed == packing_supported()
-            if packed:  # every Linear, the (tied) LM head included
-                assert len(swapped(model)) == sum(isinstance(m, nn.Linear) for m in model.modules())
+        with packed_linears(model, enabled="auto" if layout != "onednn" else True) as packed:
+            assert packed
+            # every Linear, the (tied) LM head included
+            assert {m.forward.args[0] for m in swapped(model)} == {pk.LAYOUTS[layout]}
+            assert len(swapped(model)) == sum(isinstance(m, nn.Linear) for m in model.modules())
+            if layout == "split":
+                assert any(pk.packed_weight(m, "split").shape[0] == 2 for m in swapped(model))
             full = model(x).logits
             cache = model.new_cache(2)  # a prefill of 7, then rows of 1 and 4: decode and verify shapes
             steps = [model(x[:, a:b], cache=cache).logits for a, b in [(0, 7), (7, 8), (8, 12)]]
