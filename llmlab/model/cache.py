@@ -12,6 +12,7 @@ class KVCache:
                  device: torch.device, dtype: torch.dtype):
         self.k = torch.zeros(batch, kv_heads, max_len, k_dim, device=device, dtype=dtype)
         self.v = torch.zeros(batch, kv_heads, max_len, v_dim, device=device, dtype=dtype)
+        self.positions = torch.arange(max_len, device=device)  # sliced, not made, at each step
         self.length = 0
 
     @property
@@ -26,8 +27,7 @@ class KVCache:
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
-        positions = torch.arange(end, device=k.device)
-        return self.k[:, :, :end], self.v[:, :, :end], positions
+        return self.k[:, :, :end], self.v[:, :, :end], self.positions[:end]
 
     def truncate(self, length: int) -> None:
         """Forget every position from ``length`` on (rejected speculative tokens)."""
@@ -80,6 +80,7 @@ class LatentCache:
                  dtype: torch.dtype):
         self.latent = torch.zeros(batch, max_len, kv_rank, device=device, dtype=dtype)
         self.k_rope = torch.zeros(batch, 1, max_len, rope_dim, device=device, dtype=dtype)
+        self.positions = torch.arange(max_len, device=device)
         self.length = 0
 
     def append(self, latent: torch.Tensor, k_rope: torch.Tensor):
@@ -89,7 +90,7 @@ class LatentCache:
         self.latent[:, start:end] = latent
         self.k_rope[:, :, start:end] = k_rope
         self.length = end
-        return self.latent[:, :end], self.k_rope[:, :, :end], torch.arange(end, device=latent.device)
+        return self.latent[:, :end], self.k_rope[:, :, :end], self.positions[:end]
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -102,6 +103,7 @@ class IndexedCache:
     def __init__(self, base, batch: int, max_len: int, dim: int, device: torch.device, dtype: torch.dtype):
         self.base = base
         self.keys = torch.zeros(batch, max_len, dim, device=device, dtype=dtype)
+        self.positions = torch.arange(max_len, device=device)
         self.length = 0
 
     def append(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +113,7 @@ class IndexedCache:
             raise ValueError(f"index cache holds {self.keys.shape[1]} positions; asked for {end}")
         self.keys[:, start:end] = keys
         self.length = end
-        return self.keys[:, :end], torch.arange(end, device=keys.device)
+        return self.keys[:, :end], self.positions[:end]
 
     def truncate(self, length: int) -> None:
         self.base.truncate(length)
@@ -119,10 +121,11 @@ class IndexedCache:
 
 
 def cache_tensors(layer) -> list[torch.Tensor]:
-    """The tensors a layer's cache holds, those of a cache inside it included."""
+    """The tensors a layer's cache holds, those of a cache inside it included (not the
+    ``positions`` 0..max_len-1 that a cache hands out slices of)."""
     out = []
-    for value in vars(layer).values():
-        if isinstance(value, torch.Tensor):
+    for name, value in vars(layer).items():
+        if isinstance(value, torch.Tensor) and name != "positions":
             out.append(value)
         elif hasattr(value, "truncate"):
             out.extend(cache_tensors(value))
