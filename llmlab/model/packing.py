@@ -16,7 +16,7 @@ Which is fastest depends on the machine and the model, and a layer timed alone s
 its weight stays in the cache, where decoding a model streams every weight from memory. On 2
 AVX2 cores (Zen 1), fp32, llama-family models, one token's forward (ms; plain, transposed,
 split, oneDNN): d 192, 4 layers 3.4, 3.2, 3.3, 4.7; d 384, 6 layers 7.8, 7.3, 7.0, 8.9; d 512,
-8 layers 14.4, 13.7, 12.3, 15.0. On 2 Zen 3 cores with AVX-512, oneDNN's layout won from d 384
+8 layers 14.2, 13.7, 12.3, 15.0. On 2 Zen 3 cores with AVX-512, oneDNN's layout won from d 384
 up (an 8,192 x 512 LM head: 570 -> 245 µs a row) and lost below. So ``pack_weights=auto`` times
 the model's own decoding step in each layout (`model_layout`), once per set of layer shapes
 and thread count in a process, and takes the fastest where it beats ``F.linear`` by 3%;
@@ -238,7 +238,7 @@ def model_layout(model: nn.Module) -> str:
     layer costs depends on what runs around it: a layer timed alone keeps its weight in the
     cache, where decoding streams every weight from memory). Once per set of layer shapes and
     thread count in a process: 25 steps of the model and a copy of its weights in each layout,
-    about 0.1 s at 1.7M parameters and 0.4 s at 23M on 2 AVX2 cores."""
+    about 0.15 s at 1.7M parameters and 0.55 s at 23M on 2 AVX2 cores."""
     linears = [m for m in model.modules() if type(m) is nn.Linear]
     key = (tuple((m.out_features, m.in_features, m.bias is not None) for m in linears), type(model).__name__,
            torch.get_num_threads())
