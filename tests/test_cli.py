@@ -206,7 +206,7 @@ def test_train_writes_a_run_directory(trained):
     assert f"{samples[-1]['prompt']!r} -> {samples[-1]['completion'][:120]!r}" in result.stdout
 
 
-def test_sample_streams_text_from_a_run_dir(trained):
+def test_sample_streams_text_from_a_run_dir(trained, monkeypatch):
     root, _ = trained
     r = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", process=True, cwd=root)
     assert r.returncode == 0, r.stderr
@@ -214,6 +214,21 @@ def test_sample_streams_text_from_a_run_dir(trained):
     assert "tokens/s" in r.stderr and "time to first token" in r.stderr
     again = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", cwd=root)
     assert again.stdout == r.stdout  # greedy is deterministic
+    # a layout kept by an earlier run (pack_weights=auto) is taken as it is, and the header says so
+    from llmlab.model.packing import LAYOUT_FILE, layout_key
+    from llmlab.train.checkpoint import build_model, load_checkpoint
+    kept = root / ".cache" / LAYOUT_FILE
+    saved = kept.read_text() if kept.exists() else None
+    key = layout_key(build_model(load_checkpoint(root / "outputs" / "run"), torch.device("cpu")))
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps({key: "transposed"}))
+    monkeypatch.setattr("llmlab.model.packing._chosen", {})  # as in a new process (this call runs in this one)
+    try:
+        third = run_cli("sample", "ckpt=outputs/run", 'prompt=def fib(', "max_new_tokens=12", "temperature=0", cwd=root)
+    finally:  # the other tests of this run find the cache as they would have
+        kept.unlink() if saved is None else kept.write_text(saved)
+    assert third.stdout == r.stdout
+    assert f"packed weights (transposed; as measured before, kept in {kept})" in third.stderr
 
 
 def test_sample_several(trained):

@@ -2,6 +2,7 @@
 ``draft=<ckpt>`` or ``spec.mtp=true``, speculative decoding (exact). The decoding itself is
 `llmlab.sample.session`'s; here are the settings, the prompts and what is printed."""
 
+import collections
 import dataclasses
 import json
 import sys
@@ -111,14 +112,39 @@ def causal_checkpoint(path, key: str):
     return ckpt
 
 
-def run(job: SampleConfig, run_dir: Path) -> None:
-    import collections
+def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
+    """How many layers of ``models`` decode in each layout (`llmlab.model.packing`), and, where
+    ``pack`` is "auto" and every model's layout was measured by an earlier run, the file that
+    kept them (None: measured now, or not "auto"). Layouts measured now go into that file
+    (the llmlab cache's `LAYOUT_FILE`) for the next run; a damaged file is said in one line
+    and written anew."""
+    from llmlab import console
+    from llmlab.data.prepare import cache_root
+    from llmlab.files import atomic_write_text
+    from llmlab.model.packing import LAYOUT_FILE, chosen_linears, layout_key, read_layouts
 
+    if pack != "auto":
+        return collections.Counter(chosen_linears(models, pack).values()), None
+    path = cache_root() / LAYOUT_FILE
+    known, note = read_layouts(path)
+    if note:
+        console.err.print(note, style="yellow")
+    before = dict(known)
+    layouts = collections.Counter(chosen_linears(models, pack, known=known).values())
+    if known != before or note:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(known, indent=1) + "\n")
+        except OSError:
+            pass  # a read-only cache costs a measurement per run, nothing else
+    return layouts, path if all(layout_key(m) in before for m in models) else None
+
+
+def run(job: SampleConfig, run_dir: Path) -> None:
     import torch
 
     from llmlab import console
     from llmlab.errors import UserError
-    from llmlab.model.packing import chosen_linears
     from llmlab.sample.session import StreamWriter, decode_prompts, draft_shortlist
     from llmlab.train.checkpoint import build_model
     from llmlab.train.device import autocast, resolve_device, resolve_precision
@@ -153,12 +179,13 @@ def run(job: SampleConfig, run_dir: Path) -> None:
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
     with amp, torch.no_grad():
         models = [model, *([draft] if draft is not None else [])]
-        layouts = collections.Counter(chosen_linears(models, job.pack_weights).values())
+        layouts, kept = decode_layouts(models, job.pack_weights)
         layers = sum(type(m) is torch.nn.Linear for m in models for m in m.modules())
-        packed = "" if not layouts else (f", packed weights ({next(iter(layouts))})"
+        packed = "" if not layouts else (f", packed weights ({next(iter(layouts))}"
                                          if len(layouts) == 1 and layouts.total() == layers else
                                          f", packed weights ({', '.join(f'{k} {v}' for k, v in layouts.items())} "
-                                         f"of {layers} layers)")
+                                         f"of {layers} layers")
+        packed += f"; as measured before, kept in {kept})" if packed and kept else ")" if packed else ""
     console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{packed}{how}", style="dim")
 
     stream = len(prompts) == 1 and n == 1

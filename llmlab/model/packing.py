@@ -19,8 +19,8 @@ split, oneDNN): d 192, 4 layers 3.4, 3.2, 3.3, 4.7; d 384, 6 layers 7.8, 7.3, 7.
 8 layers 14.2, 13.7, 12.3, 15.0. On 2 Zen 3 cores with AVX-512, oneDNN's layout won from d 384
 up (an 8,192 x 512 LM head: 570 -> 245 µs a row) and lost below. So ``pack_weights=auto`` times
 the model's own decoding step in each layout (`model_layout`), once per set of layer shapes
-and thread count in a process, and takes the fastest where it beats ``F.linear`` by 3%;
-``true`` lays every layer out in oneDNN's layout. The products agree with ``F.linear`` to
+and thread count in a process (`llmlab sample` keeps it across runs: `LAYOUT_FILE`), and takes
+the fastest where it beats ``F.linear`` by 3%; ``true`` lays every layer out in oneDNN's layout. The products agree with ``F.linear`` to
 rounding (the order of the sums differs).
 
 ``packed_linears(model, ...)`` swaps every ``nn.Linear``'s forward for its layout's product while
@@ -232,31 +232,86 @@ def _time_layouts(model: nn.Module, linears: list[nn.Linear],
     return {name: min(ts) for name, ts in times.items()}, copies
 
 
-def model_layout(model: nn.Module) -> str:
+#: where `llmlab sample` keeps the layouts it measured, in the llmlab cache
+LAYOUT_FILE = "decode_layouts.json"
+
+
+def layout_key(model: nn.Module) -> str:
+    """What a kept layout belongs to: the model's kind and layer shapes, and the machine, thread
+    count and torch build it was measured on (as MFU's measured peak is kept)."""
+    import collections
+    import os
+
+    shapes = collections.Counter((m.out_features, m.in_features, m.bias is not None)
+                                 for m in model.modules() if type(m) is nn.Linear)
+    layers = ",".join(f"{o}x{i}{'+b' if b else ''}*{n}" for (o, i, b), n in sorted(shapes.items()))
+    return "|".join([type(model).__name__, layers, platform.machine(), platform.processor() or platform.node(),
+                     str(os.cpu_count()), str(torch.get_num_threads()), torch.__version__])
+
+
+def read_layouts(path) -> tuple[dict[str, str], str | None]:
+    """The layouts kept in ``path`` (`LAYOUT_FILE`) and a line on what in it could not be used
+    (None: all of it, or no file). Hand-edited or damaged entries are measured again."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not JSON"
+        return {}, f"{path}: {why}; the decoding layouts are measured again and the file written anew"
+    if not isinstance(data, dict):
+        return {}, f"{path}: not a JSON object; the decoding layouts are measured again and the file written anew"
+    known = {k: v for k, v in data.items() if v in ("plain", *LAYOUTS)}
+    bad = [k for k in data if k not in known]
+    if not bad:
+        return known, None
+    return known, (f"{path}: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} not one of plain, "
+                   f"{', '.join(LAYOUTS)} (first: {bad[0][:60]!r}); measured again")
+
+
+def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:
     """The layout that decodes ``model`` fastest here: "plain" (``F.linear``) unless another
     takes under `PAYS_BELOW` of its time, measured on the model's own decoding step (what a
     layer costs depends on what runs around it: a layer timed alone keeps its weight in the
     cache, where decoding streams every weight from memory). Once per set of layer shapes and
     thread count in a process: 25 steps of the model and a copy of its weights in each layout,
-    about 0.15 s at 1.7M parameters and 0.55 s at 23M on 2 AVX2 cores."""
+    about 0.15 s at 1.7M parameters and 0.55 s at 23M on 2 AVX2 cores.
+
+    ``known`` (`read_layouts`): layouts measured before, by `layout_key`. One found there is
+    taken as it is; one measured here goes in, unless other processes used the CPU while it
+    was timed (then it serves this process only)."""
+    from llmlab.perf import contended, other_load, snapshot
+
     linears = [m for m in model.modules() if type(m) is nn.Linear]
     key = (tuple((m.out_features, m.in_features, m.bias is not None) for m in linears), type(model).__name__,
            torch.get_num_threads())
-    if key not in _chosen:
+    kept = known.get(layout_key(model)) if known is not None else None
+    if key not in _chosen and kept in _candidates(linears):
+        _chosen[key] = kept
+    elif key not in _chosen:
+        start = snapshot()
         times, copies = _time_layouts(model, linears)
         best = min(times, key=times.__getitem__)
         _chosen[key] = best if times[best] < PAYS_BELOW * times["plain"] else "plain"
+        if known is not None and not contended(other_load(start, snapshot())):
+            known[layout_key(model)] = _chosen[key]
         for m, copy in copies.get(_chosen[key], {}).items():  # what `packed_weight` would make again
             w = m.weight
             _packed[m] = ((w.data_ptr(), w._version, _chosen[key], _parts_key(m, _chosen[key])), copy)
     return _chosen[key]
 
 
-def chosen_linears(models: list[nn.Module], enabled="auto") -> dict[nn.Linear, str]:
+def chosen_linears(models: list[nn.Module], enabled="auto", known: dict[str, str] | None = None
+                   ) -> dict[nn.Linear, str]:
     """The layers `packed_linears` lays out anew, each with its layout: none where
     `should_pack` says no; with ``enabled`` True every ``nn.Linear`` in oneDNN's; with "auto"
-    each model's in the layout `model_layout` measures (a model without a decode cache, or
-    with a layer already swapped by an outer `packed_linears`, keeps ``F.linear``)."""
+    each model's in the layout `model_layout` measures or finds in ``known`` (a model without
+    a decode cache, or with a layer already swapped by an outer `packed_linears`, keeps
+    ``F.linear``)."""
     if not should_pack(models, enabled):
         return {}
     chosen: dict[nn.Linear, str] = {}
@@ -267,7 +322,7 @@ def chosen_linears(models: list[nn.Module], enabled="auto") -> dict[nn.Linear, s
         elif not linears or not hasattr(model, "new_cache") or any("forward" in m.__dict__ for m in linears):
             continue
         else:
-            layout = model_layout(model)
+            layout = model_layout(model, known)
         if layout != "plain":
             chosen.update(dict.fromkeys(linears, layout))
     return chosen

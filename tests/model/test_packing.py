@@ -102,6 +102,48 @@ def test_decoding_uses_the_copies_the_timing_made_and_keeps_none_for_plain(verdi
     assert any(m in pk._packed for m in model.modules()) == (verdict != "plain")
 
 
+def test_kept_layouts_are_read_as_far_as_they_can_be_and_the_rest_is_said(tmp_path):
+    """The file `llmlab sample` keeps its measured layouts in, as a user might have edited it."""
+    from llmlab.model.packing import read_layouts
+    path = tmp_path / "decode_layouts.json"
+    assert read_layouts(path) == ({}, None)  # none yet
+    path.write_text('{"a": "split", "b": "fast", "c": 3}')
+    known, note = read_layouts(path)
+    assert known == {"a": "split"}
+    assert str(path) in note and "2 entries not one of plain, onednn, transposed, split" in note and "'b'" in note
+    for text, why in [("{not json", "not JSON"), ("[1, 2]", "not a JSON object")]:
+        path.write_text(text)
+        known, note = read_layouts(path)
+        assert known == {} and note.startswith(f"{path}: {why}") and "written anew" in note
+    path.write_text('{"a": "plain", "b": "transposed"}')
+    assert read_layouts(path) == ({"a": "plain", "b": "transposed"}, None)
+
+
+def test_a_kept_layout_is_taken_as_it_is_and_a_clean_measurement_is_kept(monkeypatch):
+    import llmlab.model.packing as pk
+    import llmlab.perf
+
+    def fake(model, linears, rounds=pk.ROUNDS):
+        timed.append(model)
+        return {"plain": 1.0, "transposed": 0.9, "split": 0.5}, {}
+    timed = []
+    monkeypatch.setattr(pk, "_time_layouts", fake)
+    monkeypatch.setattr(pk, "_chosen", {})
+    model = tiny_model(0)
+    known = {pk.layout_key(model): "transposed"}  # measured by an earlier run
+    with torch.no_grad():
+        assert set(pk.chosen_linears([model], "auto", known=known).values()) == {"transposed"}
+    assert timed == [] and known == {pk.layout_key(model): "transposed"}
+    for load, kept in [(0.9, False), (0.0, True)]:  # under contention the measurement is not kept
+        monkeypatch.setattr(pk, "_chosen", {})
+        monkeypatch.setattr(llmlab.perf, "other_load", lambda start, end: load)
+        other, known = tiny_model(1, n_layers=1), {}
+        with torch.no_grad():
+            assert set(pk.chosen_linears([other], "auto", known=known).values()) == {"split"}
+        assert timed[-1] is other and known == ({pk.layout_key(other): "split"} if kept else {})
+    assert pk.layout_key(other) != pk.layout_key(model)  # other shapes, another entry
+
+
 @pytest.mark.parametrize("threads, out_features, parts", [(1, 96, 1), (2, 96, 2), (3, 64, 2), (4, 97, 1), (16, 96, 8)])
 def test_the_split_cuts_a_layer_into_one_block_per_thread_where_they_divide_it(threads, out_features, parts,
                                                                                 monkeypatch):
@@ -121,7 +163,7 @@ def test_packed_forward_matches_plain(attn, layout, monkeypatch):
     import llmlab.model.packing as pk
     if layout == "onednn" and not packing_supported():
         pytest.skip("this torch build has no oneDNN packing")
-    monkeypatch.setattr(pk, "model_layout", lambda model: layout)
+    monkeypatch.setattr(pk, "model_layout", lambda model, known=None: layout)
     monkeypatch.setattr(pk, "_split_parts", lambda out_features: 2 if out_features % 2 == 0 else 1)
     model = tiny_model(attention=attn, bias=True, init_std=0.3)
     x = torch.randint(0, 97, (2, 12))
