@@ -121,9 +121,9 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
     from llmlab import console
     from llmlab.data.prepare import cache_root
     from llmlab.files import atomic_write_text
-    from llmlab.model.packing import LAYOUT_FILE, chosen_linears, layout_key, read_layouts
+    from llmlab.model.packing import LAYOUT_FILE, chosen_linears, layout_key, read_layouts, should_pack
 
-    if pack != "auto":
+    if pack != "auto" or not should_pack(models, pack):  # another device, autocast: nothing to measure
         return collections.Counter(chosen_linears(models, pack).values()), None
     path = cache_root() / LAYOUT_FILE
     known, note = read_layouts(path)
