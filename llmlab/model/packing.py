@@ -180,7 +180,7 @@ LAYOUTS = {"onednn": _linear, "transposed": _transposed_linear, "split": _split_
 # is noise: a tie is left to F.linear, which needs no second copy of the weights)
 PAYS_BELOW = 0.97
 ROUNDS = 3
-_chosen: dict[tuple, str] = {}
+_chosen: dict[str, str] = {}  # by `layout_key`
 
 
 def _candidates(linears: list[nn.Linear]) -> list[str]:
@@ -287,9 +287,8 @@ def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:
     from llmlab.perf import contended, other_load, snapshot
 
     linears = [m for m in model.modules() if type(m) is nn.Linear]
-    key = (tuple((m.out_features, m.in_features, m.bias is not None) for m in linears), type(model).__name__,
-           torch.get_num_threads())
-    kept = known.get(layout_key(model)) if known is not None else None
+    key = layout_key(model)  # in this process and in the kept file alike
+    kept = known.get(key) if known is not None else None
     if key not in _chosen and kept in _candidates(linears):
         _chosen[key] = kept
     elif key not in _chosen:
@@ -298,7 +297,7 @@ def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:
         best = min(times, key=times.__getitem__)
         _chosen[key] = best if times[best] < PAYS_BELOW * times["plain"] else "plain"
         if known is not None and not contended(other_load(start, snapshot())):
-            known[layout_key(model)] = _chosen[key]
+            known[key] = _chosen[key]
         for m, copy in copies.get(_chosen[key], {}).items():  # what `packed_weight` would make again
             w = m.weight
             _packed[m] = ((w.data_ptr(), w._version, _chosen[key], _parts_key(m, _chosen[key])), copy)
