@@ -4,6 +4,8 @@
   later run can tell a dead writer's leftovers (`clean_stale`) from a live writer's work.
 - `HolderLock`, `RunLock`: one writer at a time in a run directory; a second one is told who
   holds it.
+- `read_kept`, `write_kept`: a small JSON object of measurements kept in the llmlab cache
+  (a matmul peak, decoding layouts), read as a file a user may have edited by hand.
 - `disk_error`: an OSError (or a library's wrapped one) from a full disk, a file-size limit
   or a read-only directory, as one line that says which file and what to do.
 """
@@ -49,6 +51,45 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_kept(path: Path, what: str, usable, allowed: str) -> tuple[dict, str | None]:
+    """The usable entries of ``path``, a JSON object of measurements kept by key, and one line
+    on what in it could not be used (None: all of it, or no file yet). ``what``: what is
+    measured again in their place ("the matmul peak"); ``usable(value)``: whether an entry's
+    value can be used; ``allowed``: what a usable value is, for the line."""
+    import json
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not JSON"
+        return {}, f"{path}: {why}; {what} is measured again and the file written anew"
+    if not isinstance(data, dict):
+        return {}, f"{path}: not a JSON object; {what} is measured again and the file written anew"
+    known = {k: v for k, v in data.items() if usable(v)}
+    bad = [k for k in data if k not in known]
+    if not bad:
+        return known, None
+    return known, (f"{path}: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} not {allowed} "
+                   f"(first: {bad[0][:60]!r}); measured again")
+
+
+def write_kept(path: Path, known: dict) -> bool:
+    """Write ``known`` to ``path`` whole (`atomic_write_text`); False where the cache cannot be
+    written (read-only, full): that costs a measurement per run, nothing else."""
+    import json
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(known, indent=1) + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def owned_name(label: str, kind: str = TMP) -> str:

@@ -120,7 +120,7 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
     and written anew."""
     from llmlab import console
     from llmlab.data.prepare import cache_root
-    from llmlab.files import atomic_write_text
+    from llmlab.files import write_kept
     from llmlab.model.packing import LAYOUT_FILE, chosen_linears, layout_key, read_layouts, should_pack
 
     if pack != "auto" or not should_pack(models, pack):  # another device, autocast: nothing to measure
@@ -132,11 +132,7 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
     before = dict(known)
     layouts = collections.Counter(chosen_linears(models, pack, known=known).values())
     if known != before or note:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(known, indent=1) + "\n")
-        except OSError:
-            pass  # a read-only cache costs a measurement per run, nothing else
+        write_kept(path, known)
     return layouts, path if all(layout_key(m) in before for m in models) else None
 
 

@@ -252,25 +252,10 @@ def layout_key(model: nn.Module) -> str:
 def read_layouts(path) -> tuple[dict[str, str], str | None]:
     """The layouts kept in ``path`` (`LAYOUT_FILE`) and a line on what in it could not be used
     (None: all of it, or no file). Hand-edited or damaged entries are measured again."""
-    import json
-    from pathlib import Path
+    from llmlab.files import read_kept
 
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, ValueError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not JSON"
-        return {}, f"{path}: {why}; the decoding layouts are measured again and the file written anew"
-    if not isinstance(data, dict):
-        return {}, f"{path}: not a JSON object; the decoding layouts are measured again and the file written anew"
-    known = {k: v for k, v in data.items() if v in ("plain", *LAYOUTS)}
-    bad = [k for k in data if k not in known]
-    if not bad:
-        return known, None
-    return known, (f"{path}: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} not one of plain, "
-                   f"{', '.join(LAYOUTS)} (first: {bad[0][:60]!r}); measured again")
+    return read_kept(path, "each decoding layout", lambda v: v in ("plain", *LAYOUTS),
+                     f"one of plain, {', '.join(LAYOUTS)}")
 
 
 def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:

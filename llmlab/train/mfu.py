@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from llmlab.files import atomic_write_text
+from llmlab.files import read_kept, write_kept
 from llmlab.perf import contended, other_load, rate, snapshot
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s.
@@ -110,21 +109,19 @@ def _peak_file() -> Path:
     return cache_root() / "peak.json"
 
 
-def _cached_peaks() -> dict:
-    try:
-        known = json.loads(_peak_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return known if isinstance(known, dict) else {}
+def _usable_peak(entry) -> bool:
+    flops = entry.get("flops") if isinstance(entry, dict) else None
+    return isinstance(flops, (int, float)) and not isinstance(flops, bool) and 0 < flops < float("inf")
+
+
+def _cached_peaks() -> tuple[dict, str | None]:
+    """The peaks kept in ``peak.json`` and a line on what in it could not be used (a damaged
+    or hand-edited file), or None."""
+    return read_kept(_peak_file(), "the matmul peak", _usable_peak, "an object with a positive flops")
 
 
 def _store_peak(key: str, entry: dict) -> None:
-    path = _peak_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({**_cached_peaks(), key: entry}, indent=1))
-    except OSError:
-        pass  # a read-only cache only costs a probe per run
+    write_kept(_peak_file(), {**_cached_peaks()[0], key: entry})
 
 
 # A probe is kept only when it was clean: little other load and rounds that agree.
@@ -144,15 +141,16 @@ def measured_matmul_peak(device_type: str, dtype: torch.dtype = torch.float32, n
     disagree by more than 10%) serves this process only and is not kept: the next run
     measures again. A run that reaches more than the peak raises it (`raise_peak`)."""
     key = _peak_key(device_type, dtype, n)
-    entry = _cached_peaks().get(key)
-    if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0:
-        return float(entry["flops"]), "cached"
+    known, damaged = _cached_peaks()
+    said = f"; {damaged}" if damaged else ""  # a damaged or hand-edited peak.json is said, never passed over
+    if key in known:
+        return float(known[key]["flops"]), "cached" + said
     peak, spread, load = _probe(device_type, dtype, n, reps)
     if contended(load) or spread > PROBE_SPREAD_LIMIT:
         shown = "unknown" if load is None else f"{load:.0%}"
-        return peak, f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept"
+        return peak, f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept" + said
     _store_peak(key, {"flops": peak, "spread": round(spread, 4), "other_load": load, "source": "probe"})
-    return peak, "measured now"
+    return peak, "measured now" + said
 
 
 def raise_peak(device_type: str, dtype: torch.dtype, achieved: float, n: int = 1024, reps: int = 5) -> float:

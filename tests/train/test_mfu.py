@@ -89,3 +89,21 @@ def test_a_run_faster_than_the_peak_raises_it(tmp_path, monkeypatch):
     monkeypatch.setattr(mfu, "_probe", lambda *a: (1.5e11, 0.01, 0.0))
     assert mfu.raise_peak("cpu", torch.float32, achieved=1.3e11) == 1.5e11
     mfu.measured_matmul_peak.cache_clear()
+
+
+@pytest.mark.parametrize("text,why", [("{\"cpu|x\": {\"flops\": 1e11", "not JSON"), ("[1e11]", "not a JSON object"),
+                                      ("{\"cpu|x\": {\"flops\": \"fast\"}, \"cpu|y\": -1}", "2 entries not an object")])
+def test_a_damaged_peak_file_is_said_and_written_anew(tmp_path, monkeypatch, text, why):
+    """peak.json edited by hand or cut short: the run measures the peak, its note (the run's
+    header line) names the file and what was wrong, and the file is written whole again with
+    the new peak, keeping the entries that were usable."""
+    from llmlab.train import mfu
+    monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
+    (tmp_path / "peak.json").write_text(text)
+    monkeypatch.setattr(mfu, "_probe", lambda *a: (1.5e11, 0.01, 0.0))
+    mfu.measured_matmul_peak.cache_clear()
+    peak, note = mfu.measured_matmul_peak("cpu")
+    assert peak == 1.5e11 and note.startswith(f"measured now; {tmp_path / 'peak.json'}: {why}")
+    kept = json.loads((tmp_path / "peak.json").read_text())
+    assert list(kept) == [mfu._peak_key("cpu", torch.float32, 1024)] and mfu._cached_peaks() == (kept, None)
+    mfu.measured_matmul_peak.cache_clear()
