@@ -24,10 +24,10 @@ class KVCache:
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; asked for {end}")
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
+        self.k.narrow(2, start, end - start).copy_(k)  # narrow and copy_: fewer operations than slicing
+        self.v.narrow(2, start, end - start).copy_(v)
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end], self.positions[:end]
+        return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end), self.positions.narrow(0, 0, end)
 
     def truncate(self, length: int) -> None:
         """Forget every position from ``length`` on (rejected speculative tokens)."""

@@ -9,7 +9,9 @@ The model is built once from a `ModelSpec`; ``forward`` holds no branch on a var
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +87,7 @@ class Transformer(nn.Module):
         # scaled by 1 / width_mult, and attention scores by 1/D instead of 1/sqrt(D) (as
         # 1/sqrt(D) x sqrt(D_base / D), the head count being the same at every width).
         # Embeddings, norms and biases keep the standard init and learning rate.
+        self.lean_decoding = False  # see `lean_decoding`
         self.width_mult = m.d_model / m.mup_base_width if m.parametrization == "mup" else 1.0
         self.output_mult = 1.0 / self.width_mult
         if self.width_mult != 1.0:
@@ -132,6 +135,8 @@ class Transformer(nn.Module):
         the losses come from `linear_cross_entropy`, which never holds the (B, T, V) logits,
         and ``out.logits`` is None."""
         B, T = idx.shape
+        if T == 1 and cache is not None and self.lean_decoding and targets is None and not need_weights:
+            return self.decode_token(idx, cache)
         start = cache.pos if cache is not None else 0
         shard = ring.active()
         if shard is not None:  # train.context_parallel: idx is this rank's slice of each sequence
@@ -170,6 +175,22 @@ class Transformer(nn.Module):
             out.loss = out.loss + aux["weighted"]
             out.metrics.update({f"{name}/{k}": v.detach() for k, v in aux.items() if k != "weighted"})
         return out
+
+    def decode_token(self, idx: torch.Tensor, cache: ModelCache) -> ModelOutput:
+        """One new token per sequence, idx (B, 1), with the cache: the logits and final states
+        `forward` gives, with the parts entered through their ``forward`` and each block's
+        `decode_token` (on 2 CPU cores `nn.Module.__call__` is a few percent of a small
+        model's token). Taken while `lean_decoding` is open, which holds no model with hooks."""
+        p = cache.pos
+        self.pos.check_end(p + 1)
+        positions = torch.arange(p, p + 1, device=idx.device)
+        x = self.pos.embed(self.embed.forward(idx), positions)
+        pos = self.pos.view(positions)
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block.decode_token(x, pos, positions, layer)
+        cache.pos = p + 1
+        h = self.norm.forward(x)
+        return ModelOutput(self.lm_head.forward(self.head_input(h)), hidden=h)
 
     def _head_loss(self, h: torch.Tensor, targets: torch.Tensor, fused: bool,
                    logits: torch.Tensor | None = None) -> torch.Tensor:
@@ -250,3 +271,27 @@ class Transformer(nn.Module):
     def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return sum(blk.attn.kv_cache_bytes_per_token(dtype_bytes) for blk in self.blocks)
 
+
+def hooked(model: nn.Module) -> bool:
+    """Whether a forward hook of ``model``'s modules, or a global one, would run in a forward
+    (FSDP gathers a sharded block's weights in one)."""
+    from torch.nn.modules import module
+
+    if module._global_forward_hooks or module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@contextmanager
+def lean_decoding(*models: nn.Module | None) -> Iterator[None]:
+    """While open, a one-token forward with a cache of each `Transformer` among ``models``
+    takes `Transformer.decode_token`: the same numbers, with less per-call cost. A model with
+    hooks (`hooked`) keeps the ordinary forward, which runs them."""
+    lean = [m for m in models if isinstance(m, Transformer) and not m.lean_decoding and not hooked(m)]
+    for m in lean:
+        m.lean_decoding = True
+    try:
+        yield
+    finally:
+        for m in lean:
+            m.lean_decoding = False

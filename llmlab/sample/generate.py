@@ -13,6 +13,7 @@ from llmlab.errors import UserError
 from llmlab.registry import bounded
 from llmlab.model.attention import decode_attention
 from llmlab.model.packing import packed_linears
+from llmlab.model.transformer import lean_decoding
 
 
 @dataclass
@@ -108,10 +109,12 @@ def grad_free(*models):
 
 @contextmanager
 def decoding(*models, pack="auto", keep: bool = True) -> Iterator[bool]:
-    """The kernels decoding runs with: prepacked CPU weights (``llmlab.model.packing``) and, on
-    CUDA, SDPA backends that take a new key length each step
-    (``llmlab.model.attention.decode_backends``). Yields whether weights were packed."""
-    with decode_attention(_model_device(models[0])), packed_linears(*models, enabled=pack, keep=keep) as packed:
+    """The kernels decoding runs with: prepacked CPU weights (``llmlab.model.packing``), a
+    token's forward without per-call costs (`lean_decoding`) and, on CUDA, SDPA backends that
+    take a new key length each step (``llmlab.model.attention.decode_backends``). Yields
+    whether weights were packed."""
+    with decode_attention(_model_device(models[0])), lean_decoding(*models), \
+            packed_linears(*models, enabled=pack, keep=keep) as packed:
         yield packed
 
 

@@ -70,6 +70,55 @@ def test_cached_decoding_matches_full_forward(attn, pos):
         assert torch.allclose(incremental_logits(model, x, list(range(1, 20))), full, atol=1e-5)
 
 
+@pytest.mark.parametrize("attn, pos, placement", COMBOS)
+def test_decodings_lean_path_gives_the_ordinary_forwards_numbers_exactly(attn, pos, placement):
+    """What decoding runs (`lean_decoding`: the model's and each block's `decode_token`, and
+    the grouped-query kinds' own) computes what the ordinary cached forward does, bit for bit,
+    for every attention kind, position scheme and block, with biases: one token at a time for
+    two sequences over 20 positions (past the SWA window), after a prefill of 3."""
+    from llmlab.model.transformer import lean_decoding
+    model = tiny_model(attention=ATTN[attn], pos={"kind": pos}, norm={"placement": placement, "kind": "rmsnorm"},
+                       bias=True, init_std=0.3)
+    x = torch.randint(0, 97, (2, 20))
+    with torch.inference_mode():
+        ref = incremental_logits(model, x, list(range(3, 20)))
+        with lean_decoding(model):
+            assert model.lean_decoding
+            lean = incremental_logits(model, x, list(range(3, 20)))
+    assert not model.lean_decoding
+    assert torch.equal(lean, ref)
+    # the grouped-query family with its own seams decodes a token in one pass of its own
+    assert model.blocks[0].attn.decodes_inline == (attn in ("mha", "gqa", "mqa"))
+
+
+def test_decodings_lean_path_keeps_mups_scales_and_the_heads_hidden_states():
+    """Under muP the scores are scaled by 1/D and the logits by the output multiplier; the lean
+    path keeps both, and hands out the final states the MTP heads read."""
+    from llmlab.model.transformer import lean_decoding
+    model = tiny_model(attention=ATTN["gqa"], parametrization="mup", mup_base_width=8, mtp_heads=1,
+                       tie_embeddings=False, init_std=0.3)
+    assert model.blocks[0].attn.score_mult != 1.0 and model.output_mult != 1.0
+    x = torch.randint(0, 97, (1, 9))
+    with torch.inference_mode():
+        outs = []
+        for lean in (False, True):
+            cache = model.new_cache(1)
+            model(x[:, :8], cache=cache)
+            with lean_decoding(*([model] if lean else [])):
+                outs.append(model(x[:, 8:], cache=cache))
+    assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].hidden, outs[1].hidden)
+
+
+def test_a_model_with_hooks_decodes_through_its_ordinary_forward():
+    """The lean path enters the parts through their ``forward``, which runs no hook: a model
+    with one (FSDP gathers a sharded block's weights in a hook) keeps the ordinary forward."""
+    model = tiny_model()
+    seen = []
+    model.blocks[0].register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    generate(model, torch.randint(0, 97, (1, 3)), SamplingConfig(max_new_tokens=4, temperature=0.0), pack=False)
+    assert seen == [3, 1, 1, 1]  # the prompt, then each new token but the last
+
+
 @pytest.mark.parametrize("attn", ATTENTION.names())
 def test_cached_decoding_under_bf16_autocast(attn):
     """``precision=bf16`` samples under autocast: keys and values come out of the projections in

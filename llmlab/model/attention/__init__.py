@@ -19,6 +19,11 @@ from llmlab.model import ring
 from llmlab.model.cache import KVCache, RollingKVCache
 from llmlab.model.ring import ring_attention
 from llmlab.model.config import ATTENTION
+from llmlab.model.position import PositionView, RotaryAngles
+
+# position schemes whose view of a pass rotates queries and keys, or leaves them, and biases no
+# score: a decoded token may take `GroupedQueryAttention.decode_token` under them
+INLINE_VIEWS = (PositionView, RotaryAngles)
 
 # `enable_gqa` lets SDPA broadcast shared KV heads without copying them (torch >= 2.5).
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -97,6 +102,8 @@ class Attention(nn.Module):
     #: trains with the sequence split across ranks (``train.context_parallel``): its training
     #: forward attends through `sdpa` with no mask but the causal one
     context_parallel: bool = True
+    #: a decoded token takes the kind's own one-pass path (`GroupedQueryAttention.decode_token`)
+    decodes_inline: bool = False
 
     def __init__(self, causal: bool):
         super().__init__()
@@ -197,6 +204,7 @@ class GroupedQueryAttention(Attention):
         # q, k and v in one matmul: rows [0, H Dh) are the queries, then Hkv Dh of keys, then values
         self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * kv_heads) * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.decodes_inline = self.inline_decoding()
 
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
@@ -221,6 +229,9 @@ class GroupedQueryAttention(Attention):
     def forward(self, x: torch.Tensor, pos, positions: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False, select=None):
         B, T, _ = x.shape
+        if T == 1 and type(cache) is KVCache and self.decodes_inline and type(pos) in INLINE_VIEWS and not (
+                need_weights or select is not None or ring.active() is not None):
+            return self.decode_token(x, pos, cache), None
         q, k, v = self.project(x)
         q, k = self.rotate(q, k, pos)
         k_pos = positions
@@ -232,6 +243,31 @@ class GroupedQueryAttention(Attention):
         y, weights = self.attend(q, k, v, positions, k_pos, need_weights, pos, mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(y), weights
+
+    def inline_decoding(self) -> bool:
+        """Whether a decoded token may take `decode_token` (`decodes_inline`): this class keeps
+        every seam of this one (`project`, `rotate`, `attend`, `sdpa`, `forward`) and attends
+        causally to every cached key, and SDPA shares key heads itself where there are fewer."""
+        cls = type(self)
+        return (self.causal and self.window() is None and (self.kv_heads == self.n_heads or _SDPA_HAS_GQA)
+                and all(getattr(cls, name) is getattr(GroupedQueryAttention, name)
+                        for name in ("forward", "project", "rotate", "attend", "sdpa")))
+
+    def decode_token(self, x: torch.Tensor, pos, cache: KVCache) -> torch.Tensor:
+        """One new token (B, 1, d) of each sequence: what `forward` computes, in fewer
+        operations (decoding a small model is mostly a fixed cost per operation). The heads
+        stay in the projection's layout (B, 1, heads, Dh), which for one position is (B,
+        heads, 1, Dh) as views, so queries and keys are rotated in one pass, and keys and
+        values go into the cache from there."""
+        B = x.shape[0]
+        H, Hkv, D = self.n_heads, self.kv_heads, self.head_dim
+        qkv = self.qkv_proj(x).view(B, 1, H + 2 * Hkv, D)
+        qk = pos.rotate(qkv[:, :, :H + Hkv])  # the same angles for every head at one position
+        k, v, _ = cache.append(qk[:, :, H:].transpose(1, 2), qkv[:, :, H + Hkv:].transpose(1, 2))
+        scale = None if self.score_mult == 1.0 else self.score_mult / math.sqrt(D)  # as `sdpa` scales
+        y = F.scaled_dot_product_attention(qk[:, :, :H].transpose(1, 2), k, v, scale=scale,
+                                           **({"enable_gqa": True} if Hkv != H else {}))
+        return self.o_proj(y.transpose(1, 2).reshape(B, 1, H * D))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, d) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh)."""

@@ -22,6 +22,11 @@ class Block(nn.Module):
         self.ffn_norm = NORM.build(cfg, d_model)
         self.ffn = ffn
 
+    def decode_token(self, x, pos, positions, cache):
+        """One new token per sequence (B, 1, d) with this layer's cache, inside
+        `Transformer.decode_token` (no hooks run there): the block's forward, by default."""
+        return self.forward(x, pos, positions, cache)[0]
+
 
 @BLOCK.register("pre")
 class PreNormBlock(Block):
@@ -32,6 +37,11 @@ class PreNormBlock(Block):
         x = x + a
         x = x + self.ffn(self.ffn_norm(x))
         return x, weights
+
+    def decode_token(self, x, pos, positions, cache):
+        """`forward`, with the parts entered through their ``forward``."""
+        x = x + self.attn.forward(self.attn_norm.forward(x), pos, positions, cache)[0]
+        return x + self.ffn.forward(self.ffn_norm.forward(x))
 
 
 @BLOCK.register("post")
