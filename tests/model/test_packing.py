@@ -8,6 +8,7 @@ import platform
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmlab.errors import ConfigError
@@ -22,6 +23,20 @@ KINDS = test_configs(ATTENTION)
 
 def swapped(model) -> list[nn.Linear]:
     return [m for m in model.modules() if isinstance(m.__dict__.get("forward"), functools.partial)]
+
+
+def product_of(m: nn.Linear):
+    """The product a swapped layer multiplies with: its own, or its group's (`_Joint`)."""
+    import llmlab.model.packing as pk
+    f = m.forward
+    return f.func.product if isinstance(f.func, pk._Joint) else f.args[0]
+
+
+def weight_of(m: nn.Linear) -> torch.Tensor:
+    """The copy of the weights a swapped layer multiplies by: its own, or its group's."""
+    import llmlab.model.packing as pk
+    f = m.forward
+    return f.func.weight if isinstance(f.func, pk._Joint) else f.args[2]
 
 
 def test_x86_builds_with_onednn_pack():
@@ -52,7 +67,7 @@ def test_auto_lays_each_model_out_as_its_own_decoding_measured_fastest(monkeypat
     target, draft = tiny_model(0), tiny_model(1, n_layers=1)
     with torch.no_grad(), packed_linears(target, draft, enabled="auto") as packed:
         assert packed
-        assert {m: m.forward.args[0] for m in swapped(target)} == dict.fromkeys(
+        assert {m: product_of(m) for m in swapped(target)} == dict.fromkeys(
             [m for m in target.modules() if isinstance(m, nn.Linear)], pk.LAYOUTS["split"])
         assert not swapped(draft)  # 0.98 of F.linear's time: a tie, no second copy
     assert timed == [2, 1]
@@ -61,7 +76,7 @@ def test_auto_lays_each_model_out_as_its_own_decoding_measured_fastest(monkeypat
     assert timed == [2, 1]  # remembered: not timed again
     if packing_supported():
         with torch.no_grad(), packed_linears(target, enabled=True):  # true: every layer, oneDNN's
-            assert {m.forward.args[0] for m in swapped(target)} == {pk.LAYOUTS["onednn"]}
+            assert {product_of(m) for m in swapped(target)} == {pk.LAYOUTS["onednn"]}
             assert len(swapped(target)) == sum(isinstance(m, nn.Linear) for m in target.modules())
 
 
@@ -79,7 +94,11 @@ def test_the_timing_runs_every_candidate_on_the_model_and_leaves_it_as_it_was(at
         times, copies = pk._time_layouts(model, linears, rounds=1)
     assert list(times) == pk._candidates(linears)
     assert {"plain", "transposed"} <= set(times) and all(0 < t < 1 for t in times.values())
-    assert {name: set(c) for name, c in copies.items()} == {name: set(linears) for name in times if name != "plain"}
+    # a copy of every layer's weight: alone, or joined with the layers that read its input
+    groups = pk.linear_groups([model])
+    assert groups and all(set(c) == set(groups) | (set(linears) - {m for g in groups for m in g})
+                          for c in copies.values())
+    assert set(copies) == set(times) - {"plain"}
     assert model.training and not swapped(model)
     assert torch.equal(torch.get_rng_state(), state)
 
@@ -98,7 +117,10 @@ def test_decoding_uses_the_copies_the_timing_made_and_keeps_none_for_plain(verdi
     model = tiny_model(7)
     with torch.no_grad(), packed_linears(model, enabled="auto") as packed:
         assert packed == (verdict != "plain")
-        assert all(m.forward.args[2] is made[verdict][m] for m in swapped(model))
+        joined = {m: g for g in pk.linear_groups([model]) for m in g}
+        assert swapped(model) == [] or any(m in joined for m in swapped(model))
+        assert all(weight_of(m) is (made[verdict][joined[m]][0] if m in joined else made[verdict][m])
+                   for m in swapped(model))
     assert any(m in pk._packed for m in model.modules()) == (verdict != "plain")
 
 
@@ -175,10 +197,12 @@ def test_packed_forward_matches_plain(attn, layout, monkeypatch):
         with packed_linears(model, enabled="auto" if layout != "onednn" else True) as packed:
             assert packed
             # every Linear, the (tied) LM head included
-            assert {m.forward.args[0] for m in swapped(model)} == {pk.LAYOUTS[layout]}
+            assert {product_of(m) for m in swapped(model)} == {pk.LAYOUTS[layout]}
             assert len(swapped(model)) == sum(isinstance(m, nn.Linear) for m in model.modules())
             if layout == "split":
-                assert any(pk.packed_weight(m, "split").shape[0] == 2 for m in swapped(model))
+                assert any(weight_of(m).shape[0] == 2 for m in swapped(model))
+            # a SwiGLU's gate and up projections as one product, where the kind has them
+            assert any(isinstance(m.forward.func, pk._Joint) for m in swapped(model)) == bool(pk.linear_groups([model]))
             full = model(x).logits
             cache = model.new_cache(2)  # a prefill of 7, then rows of 1 and 4: decode and verify shapes
             steps = [model(x[:, a:b], cache=cache).logits for a, b in [(0, 7), (7, 8), (8, 12)]]
@@ -195,11 +219,39 @@ def test_weights_changed_after_packing_are_packed_again():
             before = model(x).logits
         model.lm_head.weight.mul_(0.5)  # in place, as an optimizer step would (tied to the embedding)
         model.blocks[0].ffn.down_proj.weight.add_(0.1)
+        model.blocks[1].ffn.up_proj.weight.add_(0.1)  # one member of a joint product (gate and up)
         ref = model(x).logits
         with packed_linears(model, enabled=True):
             after = model(x).logits
     assert not torch.allclose(before, ref, atol=1e-3)
     torch.testing.assert_close(after, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layers_of_one_input_share_a_product_and_each_gets_its_own_part(layout, monkeypatch):
+    """A SwiGLU's gate and up projections read one input: the first called multiplies by
+    both weights at once and the other takes its part, in either order. Called with another
+    input, or a second time, a member computes afresh: never a part made for another input."""
+    import llmlab.model.packing as pk
+    if layout == "onednn" and not packing_supported():
+        pytest.skip("this torch build has no oneDNN packing")
+    monkeypatch.setattr(pk, "_split_parts", lambda out_features: 2 if out_features % 2 == 0 else 1)
+    torch.manual_seed(0)
+    gate, up = nn.Linear(16, 24, bias=True), nn.Linear(16, 24, bias=True)
+    x, z = torch.randn(3, 16), torch.randn(3, 16)
+
+    def ref(m, t):
+        return F.linear(t, m.weight, m.bias)
+    with torch.no_grad():
+        joint = pk._Joint((gate, up), pk.LAYOUTS[layout], *pk.joint_weight((gate, up), layout))
+        calls = [(0, x), (1, x),  # in order
+                 (1, z), (0, z),  # the other order
+                 (0, x), (0, x), (1, x),  # one member twice: the second computes again
+                 (0, z), (1, x),  # another input: the part made for z is not x's
+                 (0, x)]  # the part made with x's last call
+        for i, t in calls:
+            torch.testing.assert_close(joint(i, t), ref((gate, up)[i], t), rtol=1e-5, atol=1e-6)
+        assert joint.input is None  # nothing held once every part was taken
 
 
 def test_never_packs_while_autograd_records_or_when_off():

@@ -43,6 +43,12 @@ class FeedForward(nn.Module):
         """The projections that write into the residual stream (their init is scaled down)."""
         return [self.down_proj]
 
+    def same_input_linears(self) -> list[tuple[nn.Linear, ...]]:
+        """Groups of linear layers that every forward applies to one and the same input, as
+        they are; decoding may multiply each group as one product
+        (`llmlab.model.packing`)."""
+        return []
+
     def inactive_params(self) -> int:
         """Parameters a token does not use (experts it is not routed to): for active FLOPs."""
         return 0
@@ -112,6 +118,9 @@ class SwiGLU(FeedForward):
         self.gate_proj = nn.Linear(d_model, hidden, bias=bias)
         self.up_proj = nn.Linear(d_model, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d_model, bias=bias)
+
+    def same_input_linears(self) -> list[tuple[nn.Linear, ...]]:
+        return [(self.gate_proj, self.up_proj)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
