@@ -277,7 +277,9 @@ LAYOUTS = {"onednn": _linear, "transposed": _transposed_linear, "split": _split_
 # a layout must take under this share of F.linear's time for "auto" to choose it (the rest
 # is noise: a tie is left to F.linear, which needs no second copy of the weights)
 PAYS_BELOW = 0.97
-ROUNDS = 3
+# turns each layout is timed in: on a shared 2-core machine a split product (two threads) loses
+# to F.linear (one) while another process holds a core, so a short probe can keep the wrong one
+ROUNDS = 5
 _chosen: dict[str, str] = {}  # by `layout_key`
 
 
@@ -371,8 +373,8 @@ def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:
     takes under `PAYS_BELOW` of its time, measured on the model's own decoding step (what a
     layer costs depends on what runs around it: a layer timed alone keeps its weight in the
     cache, where decoding streams every weight from memory). Once per set of layer shapes and
-    thread count in a process: 25 steps of the model and a copy of its weights in each layout,
-    about 0.15 s at 1.7M parameters and 0.55 s at 23M on 2 AVX2 cores.
+    thread count in a process: 41 steps of the model and a copy of its weights in each layout,
+    about 0.2 s at 1.7M parameters and 0.8 s at 23M on 2 AVX2 cores.
 
     ``known`` (`read_layouts`): layouts measured before, by `layout_key`. One found there is
     taken as it is; one measured here goes in, unless other processes used the CPU while it

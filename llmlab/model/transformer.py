@@ -81,13 +81,13 @@ class Transformer(nn.Module):
         if m.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.mtp = nn.ModuleList(MTPHead(m.d_model, spec.norm, m.bias) for _ in range(m.mtp_heads))
+        self.lean_decoding = False  # a one-token forward with a cache takes `decode_token` (see `lean_decoding`)
         # muP (Yang et al. 2022, Tensor Programs V, table 3 for Adam), relative to a model of
         # model.mup_base_width, with which it coincides: hidden matrices start at init_std /
         # sqrt(width_mult) and learn at lr / width_mult (`lr_multipliers`), the logits are
         # scaled by 1 / width_mult, and attention scores by 1/D instead of 1/sqrt(D) (as
         # 1/sqrt(D) x sqrt(D_base / D), the head count being the same at every width).
         # Embeddings, norms and biases keep the standard init and learning rate.
-        self.lean_decoding = False  # see `lean_decoding`
         self.width_mult = m.d_model / m.mup_base_width if m.parametrization == "mup" else 1.0
         self.output_mult = 1.0 / self.width_mult
         if self.width_mult != 1.0:
