@@ -211,10 +211,27 @@ def _joint_parts(group: Group, layout: str) -> int:
 
 
 def _joint_copy(group: Group, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The group's weights stacked, (sum of outputs, in), in ``layout``, and their biases joined."""
-    weight = _layout_copy(torch.cat([m.weight.detach() for m in group]), layout)
+    """The group's weights stacked, (sum of outputs, in), in ``layout``, and their biases joined.
+    The transposed and split layouts are written from the members directly, with no stacked
+    copy made first: a token's first step makes every copy, so it counts in the time to the
+    first token."""
     bias = None if group[0].bias is None else torch.cat([m.bias.detach() for m in group])
-    return weight, bias
+    if layout not in ("transposed", "split"):
+        return _layout_copy(torch.cat([m.weight.detach() for m in group]), layout), bias
+    first = group[0].weight
+    total = sum(m.out_features for m in group)
+    parts = _split_parts(total) if layout == "split" else 1
+    n = total // parts
+    out = torch.empty(parts, first.shape[1], n, dtype=first.dtype, device=first.device)
+    start = 0
+    for m in group:  # the member's rows [start, end) of the stack are columns of out's blocks
+        w, end = m.weight.detach(), start + m.out_features
+        for p in range(parts):
+            lo, hi = max(start, p * n), min(end, (p + 1) * n)
+            if lo < hi:
+                out[p, :, lo - p * n:hi - p * n].copy_(w[lo - start:hi - start].t())
+        start = end
+    return (out[0] if layout == "transposed" else out), bias
 
 
 def joint_weight(group: Group, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -243,6 +243,12 @@ def test_layers_of_one_input_share_a_product_and_each_gets_its_own_part(layout, 
     def ref(m, t):
         return F.linear(t, m.weight, m.bias)
     with torch.no_grad():
+        for parts in (1, 2, 3, 4):  # blocks that cut across the members, or not
+            monkeypatch.setattr(pk, "_split_parts", lambda out_features: parts)
+            if layout != "onednn":  # written from the members: what the stacked weight's copy holds
+                assert torch.equal(pk._joint_copy((gate, up), layout)[0],
+                                   pk._layout_copy(torch.cat([gate.weight, up.weight]), layout))
+        monkeypatch.setattr(pk, "_split_parts", lambda out_features: 2 if out_features % 2 == 0 else 1)
         joint = pk._Joint((gate, up), pk.LAYOUTS[layout], *pk.joint_weight((gate, up), layout))
         calls = [(0, x), (1, x),  # in order
                  (1, z), (0, z),  # the other order
