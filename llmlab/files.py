@@ -55,9 +55,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def read_kept(path: Path, what: str, usable, allowed: str) -> tuple[dict, str | None]:
     """The usable entries of ``path``, a JSON object of measurements kept by key, and one line
-    on what in it could not be used (None: all of it, or no file yet). ``what``: what is
-    measured again in their place ("the matmul peak"); ``usable(value)``: whether an entry's
-    value can be used; ``allowed``: what a usable value is, for the line."""
+    on what in it could not be used (None: all of it, or no file yet), for the caller to
+    finish with what became of the file. ``what``: what is measured again in their place
+    ("the matmul peak"); ``usable(value)``: whether an entry's value can be used; ``allowed``:
+    what a usable value is, for the line."""
     import json
 
     path = Path(path)
@@ -67,9 +68,9 @@ def read_kept(path: Path, what: str, usable, allowed: str) -> tuple[dict, str | 
         return {}, None
     except (OSError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) else "not JSON"
-        return {}, f"{path}: {why}; {what} is measured again and the file written anew"
+        return {}, f"{path}: {why}; {what} is measured again"
     if not isinstance(data, dict):
-        return {}, f"{path}: not a JSON object; {what} is measured again and the file written anew"
+        return {}, f"{path}: not a JSON object; {what} is measured again"
     known = {k: v for k, v in data.items() if usable(v)}
     bad = [k for k in data if k not in known]
     if not bad:

@@ -127,12 +127,13 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
         return collections.Counter(chosen_linears(models, pack).values()), None
     path = cache_root() / LAYOUT_FILE
     known, note = read_layouts(path)
-    if note:
-        console.err.print(note, style="yellow")
     before = dict(known)
     layouts = collections.Counter(chosen_linears(models, pack, known=known).values())
     if known != before or note:
-        write_kept(path, known)
+        written = write_kept(path, known)
+        if note:
+            console.err.print(f"{note}, and the file {'written anew' if written else 'cannot be written'}",
+                              style="yellow")
     return layouts, path if all(layout_key(m) in before for m in models) else None
 
 

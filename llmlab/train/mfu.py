@@ -120,8 +120,8 @@ def _cached_peaks() -> tuple[dict, str | None]:
     return read_kept(_peak_file(), "the matmul peak", _usable_peak, "an object with a positive flops")
 
 
-def _store_peak(key: str, entry: dict) -> None:
-    write_kept(_peak_file(), {**_cached_peaks()[0], key: entry})
+def _store_peak(key: str, entry: dict) -> bool:
+    return write_kept(_peak_file(), {**_cached_peaks()[0], key: entry})
 
 
 # A probe is kept only when it was clean: little other load and rounds that agree.
@@ -141,16 +141,17 @@ def measured_matmul_peak(device_type: str, dtype: torch.dtype = torch.float32, n
     disagree by more than 10%) serves this process only and is not kept: the next run
     measures again. A run that reaches more than the peak raises it (`raise_peak`)."""
     key = _peak_key(device_type, dtype, n)
-    known, damaged = _cached_peaks()
-    said = f"; {damaged}" if damaged else ""  # a damaged or hand-edited peak.json is said, never passed over
+    known, damaged = _cached_peaks()  # a damaged or hand-edited peak.json is said, never passed over
     if key in known:
-        return float(known[key]["flops"]), "cached" + said
+        return float(known[key]["flops"]), "cached" + (f"; {damaged} (the file is left as it is)" if damaged else "")
     peak, spread, load = _probe(device_type, dtype, n, reps)
     if contended(load) or spread > PROBE_SPREAD_LIMIT:
         shown = "unknown" if load is None else f"{load:.0%}"
-        return peak, f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept" + said
-    _store_peak(key, {"flops": peak, "spread": round(spread, 4), "other_load": load, "source": "probe"})
-    return peak, "measured now" + said
+        return peak, (f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept"
+                      + (f"; {damaged} (the file is left as it is)" if damaged else ""))
+    written = _store_peak(key, {"flops": peak, "spread": round(spread, 4), "other_load": load, "source": "probe"})
+    return peak, "measured now" + (f"; {damaged}, and the file {'written anew' if written else 'cannot be written'}"
+                                   if damaged else "")
 
 
 def raise_peak(device_type: str, dtype: torch.dtype, achieved: float, n: int = 1024, reps: int = 5) -> float:

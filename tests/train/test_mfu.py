@@ -104,6 +104,22 @@ def test_a_damaged_peak_file_is_said_and_written_anew(tmp_path, monkeypatch, tex
     mfu.measured_matmul_peak.cache_clear()
     peak, note = mfu.measured_matmul_peak("cpu")
     assert peak == 1.5e11 and note.startswith(f"measured now; {tmp_path / 'peak.json'}: {why}")
+    assert note.endswith("and the file written anew")
     kept = json.loads((tmp_path / "peak.json").read_text())
     assert list(kept) == [mfu._peak_key("cpu", torch.float32, 1024)] and mfu._cached_peaks() == (kept, None)
+    mfu.measured_matmul_peak.cache_clear()
+
+
+def test_a_damaged_peak_file_is_left_as_it_is_while_nothing_replaces_it(tmp_path, monkeypatch):
+    """A probe under contention is not kept, so the damaged file is not written over either;
+    the note says both."""
+    from llmlab.train import mfu
+    monkeypatch.setenv("LLMLAB_CACHE", str(tmp_path))
+    (tmp_path / "peak.json").write_text("{cut short")
+    monkeypatch.setattr(mfu, "_probe", lambda *a: (4.9e10, 0.01, 0.6))
+    mfu.measured_matmul_peak.cache_clear()
+    peak, note = mfu.measured_matmul_peak("cpu")
+    assert peak == 4.9e10 and "not kept" in note
+    assert note.endswith(f"{tmp_path / 'peak.json'}: not JSON; the matmul peak is measured again (the file is left as it is)")
+    assert (tmp_path / "peak.json").read_text() == "{cut short"
     mfu.measured_matmul_peak.cache_clear()
