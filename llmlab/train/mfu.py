@@ -142,13 +142,13 @@ def measured_matmul_peak(device_type: str, dtype: torch.dtype = torch.float32, n
     measures again. A run that reaches more than the peak raises it (`raise_peak`)."""
     key = _peak_key(device_type, dtype, n)
     known, damaged = _cached_peaks()  # a damaged or hand-edited peak.json is said, never passed over
+    left = f"; {damaged} (the file is left as it is)" if damaged else ""  # where nothing is written
     if key in known:
-        return float(known[key]["flops"]), "cached" + (f"; {damaged} (the file is left as it is)" if damaged else "")
+        return float(known[key]["flops"]), "cached" + left
     peak, spread, load = _probe(device_type, dtype, n, reps)
     if contended(load) or spread > PROBE_SPREAD_LIMIT:
         shown = "unknown" if load is None else f"{load:.0%}"
-        return peak, (f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept"
-                      + (f"; {damaged} (the file is left as it is)" if damaged else ""))
+        return peak, f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept" + left
     written = _store_peak(key, {"flops": peak, "spread": round(spread, 4), "other_load": load, "source": "probe"})
     return peak, "measured now" + (f"; {damaged}, and the file {'written anew' if written else 'cannot be written'}"
                                    if damaged else "")
