@@ -263,7 +263,7 @@ class ModelConfig(Checked):
 
     name: str = "custom"  # a label for reports; presets set theirs
     d_model: int = bounded(192, at_least=1)  # the default run's width: at its budget 192 beat 256 (bench/results/default_search.json)
-    n_layers: int = bounded(4, at_least=1)
+    n_layers: Any = width(4)  # or a depth that follows the width, d_model/32: a size sweep keeps its aspect ratio
     n_heads: int = bounded(4, at_least=1)
     max_seq_len: int = bounded(256, at_least=1)
     mtp_heads: int = bounded(0, at_least=0)  # extra heads predicting tokens t+2 ... t+1+mtp_heads
@@ -316,8 +316,10 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
         """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
         model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
-        model = parse_dataclass(ModelConfig, model, "model")
-        sizes = {"d_model": model.d_model, "max_seq_len": model.max_seq_len}  # for widths such as d_model/4
+        # the other settings first, so that a bad d_model is named as itself before a depth relative to it
+        shape = parse_dataclass(ModelConfig, {k: v for k, v in (model or {}).items() if k != "n_layers"}, "model")
+        sizes = {"d_model": shape.d_model, "max_seq_len": shape.max_seq_len}  # for widths such as d_model/4
+        model = parse_dataclass(ModelConfig, model, "model", sizes)
         return cls(
             vocab_size=vocab_size,
             model=model,

@@ -71,6 +71,26 @@ def test_widths_relative_to_the_model_resolve_as_documented():
     assert job_of("model=mla", "model.d_model=192", "attention.kv_rank=96")[0].spec.attention.kv_rank == 96
 
 
+def test_a_depth_relative_to_the_width_keeps_the_aspect_ratio_and_an_integer_keeps_its_id():
+    for d, layers in ((64, 2), (96, 3), (160, 5), (176, 6)):  # 176 / 32 = 5.5 rounds to 6
+        job, cfg = job_of(f"model.d_model={d}", "model.n_layers=d_model/32")
+        assert job.spec.model.n_layers == layers and cfg["model"]["n_layers"] == "d_model/32"
+    assert job_of("model.n_layers=4")[0].run_id == OLD_RUN_IDS[()]  # the default depth, written out
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("model.n_layers=d_model/1000", r"^model.n_layers: must be >= 1, got 0$"),
+    ("model.n_layers=max_seq_len/2", r"^model.n_layers: expected an integer or a width relative to model.d_model such as d_model/4"),
+    ("model.n_layers=2.5", r"^model.n_layers: expected an integer or a width relative to model.d_model"),
+    ("model.n_heads=5", r"^model.n_heads: 5 does not divide model.d_model=192$"),  # the other settings are named first
+])
+def test_a_bad_depth_names_its_key(setting, message):
+    from llmlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        job_of("model.n_layers=d_model/32", setting) if "n_heads" in setting else job_of(setting)
+
+
 @pytest.mark.parametrize("setting, message", [
     ("attention.kv_rank=d_modl/2", r"^attention.kv_rank: expected an integer or a width relative to model.d_model such as d_model/4"),
     ("attention.kv_rank=d_model/0", r"^attention.kv_rank: expected a number in 'd_model/0'"),
