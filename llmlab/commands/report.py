@@ -6,7 +6,7 @@ from typing import Any
 
 from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import Checked, choice
+from llmlab.registry import Checked, bounded, choice
 
 SELECT = ("all", "best_lr")
 
@@ -18,6 +18,7 @@ class ReportConfig(Checked):
     baseline: Any = None  # the group the others are compared with: its label, a unique part of it, or its index; null: the first
     out: str | None = None  # where report.md/.json/.png go; null: this command's run dir
     select: str = choice("all", SELECT)  # best_lr: keep each cell's best optim.lr by final val loss (a sweep with an optim.lr axis)
+    min_steps: int = bounded(0, at_least=0)  # the scaling fit leaves out runs of fewer steps (there a larger model is held back by its few steps)
 
     def check(self, prefix: str) -> None:
         if not self.runs:
@@ -28,7 +29,7 @@ def run(job: ReportConfig, run_dir: Path) -> None:
     from llmlab.eval.report import write_report
 
     out = Path(job.out).expanduser() if job.out else run_dir
-    write_report([str(r) for r in job.runs], job.baseline, out, select=job.select)
+    write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps)
 
 
 COMMAND = Command("report", ReportConfig, run)

@@ -271,23 +271,40 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
     return out
 
 
+# A run of fewer steps than this is said to be short: there a larger model is held back by its
+# few steps (bench.isoflop's GPU studies: a d 160 model at 335 steps lost 0.8 nats to a d 64
+# one at 3,700), which L(N, D) does not model; a fit on such runs under-predicted what more
+# compute brings there.
+SHORT_RUN = 1000
+
+
+def _steps(run: Run) -> int | None:
+    steps = run.summary.get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | None = None,
-                    at_budgets: list[float] | None = None) -> dict | None:
+                    at_budgets: list[float] | None = None, points: int = 3, min_steps: int = 0) -> dict | None:
     """The section's data, or None when the runs have no budget axis and size axis. The
-    optimum and the next grid are worked out at the measured budgets, or at ``at_budgets``;
-    ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`)."""
+    optimum and the next grid (``points`` sizes a budget) are worked out at the measured
+    budgets, or at ``at_budgets``; ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`). Runs
+    of fewer than ``min_steps`` steps are left out of the fit (a run that does not say its
+    steps is kept)."""
     reps = reps or sc.BOOTSTRAPS
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
         return None
-    by_variant = variants(runs, drop)
+    fitted = [r for r in runs if (n := _steps(r)) is None or n >= min_steps]
+    short = sum(1 for r in fitted if (n := _steps(r)) is not None and n < SHORT_RUN)
+    by_variant = variants(fitted, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
     budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
     found = {label: analyse(cells, sorted(at_budgets or budgets), reps) for label, cells in all_cells.items()}
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
     held = [h for label, cells in all_cells.items() if (h := holdout(label, cells, budgets, reps)) is not None]
-    grids = {label: next_grid(by_variant[label], v, sizes) for label, v in found.items()}
+    grids = {label: next_grid(by_variant[label], v, sizes, points) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured,
+            "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
             "crossings": crossings(found, measured) if budgets else [], "holdout": held,
             "next_grid": {label: g for label, g in grids.items() if g}}
@@ -314,8 +331,17 @@ def markdown(section: dict, figure: str | None) -> list[str]:
            f"Budget axis `{section['budget_key']}`, size axis {', '.join(f'`{k}`' for k in section['size_keys'])}. "
            "Surface L(N, D) = E + A·N^-α + B·D^-β fitted per variant by variable projection, with **N the "
            "non-embedding parameters and D the training tokens**; C is training FLOPs by the model card "
-           "(FLOPs/token × tokens, the count `train.max_flops` uses). Brackets: 95% bootstrap intervals.", "",
-           "| variant | runs | E | A | α | B | β | rmse | bootstrap |", "|" + " --- |" * 9]
+           "(FLOPs/token × tokens, the count `train.max_flops` uses). Brackets: 95% bootstrap intervals.", ""]
+    if section.get("left_out"):
+        out += [f"Left out of the fit: {section['left_out']} of the {section['runs']} runs, those of fewer than "
+                f"{section['min_steps']:,} steps (`min_steps={section['min_steps']}`).", ""]
+    if section.get("short"):
+        out += [f"{section['short']} of the runs fitted have fewer than {SHORT_RUN:,} steps. In so short a run a larger "
+                "model is held back by its few steps, which the surface does not model, and a fit on them can "
+                "mislead (in bench.isoflop's studies it under-predicted what more compute brings; see the "
+                "hold-out check); "
+                f"`min_steps={SHORT_RUN}` fits without them.", ""]
+    out += ["| variant | runs | E | A | α | B | β | rmse | bootstrap |", "|" + " --- |" * 9]
     for label, v in section["variants"].items():
         if "surface" not in v:
             out.append(f"| {label} | | {v['why']} | | | | | | |")

@@ -278,6 +278,26 @@ def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_p
                                    for ln in lines)
 
 
+def test_short_runs_are_said_and_min_steps_fits_without_them(tmp_path, few_replicates):
+    # the larger sizes at the two smaller budgets run fewer than 1,000 steps and do worse than
+    # the law (held back by their few steps): the hold-out misses until they are left out
+    fake_sweep(tmp_path / "sweep", sizes=tuple(MIDDLE * np.array([0.1, 0.3, 1, 3, 10])))
+    for summary in (tmp_path / "sweep").glob("*/summary.json"):
+        s = json.loads(summary.read_text())
+        steps = int(s["tokens"] / 2e4)
+        summary.write_text(json.dumps({**s, "steps": steps, "val_loss": s["val_loss"] + (0.2 if steps < 1000 else 0)}))
+    plain = write_report([tmp_path / "sweep"], None, tmp_path / "plain")["scaling"]
+    assert (plain["short"], plain["left_out"]) == (12, 0)
+    assert all(abs(h["error"]) > 0.005 and not h["within_interval"] for h in plain["holdout"])
+    said = [ln for ln in (tmp_path / "plain" / "report.md").read_text().splitlines() if "fewer than 1,000 steps" in ln]
+    assert len(said) == 1 and said[0].startswith("12 of the runs fitted") and "`min_steps=1000`" in said[0]
+    kept = write_report([tmp_path / "sweep"], None, tmp_path / "kept", min_steps=1000)["scaling"]
+    assert (kept["short"], kept["left_out"]) == (0, 12)
+    assert all(abs(h["error"]) < 0.003 for h in kept["holdout"])
+    assert "Left out of the fit: 12 of the 60 runs, those of fewer than 1,000 steps (`min_steps=1000`)." in (
+        tmp_path / "kept" / "report.md").read_text()
+
+
 def test_the_next_grid_centres_a_known_optimum(tmp_path, few_replicates):
     # sizes set by model.d_model with N = 24 d^2 (two blocks of 12 d^2), all below the optimum
     d_star = {b: math.sqrt(true_optimum(TRUE, b) / 24) for b in BUDGETS}
@@ -305,6 +325,15 @@ def test_the_next_grid_centres_a_known_optimum(tmp_path, few_replicates):
                                 f"train.max_flops={budget} seed=0,1")
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.count("llmlab train -m model.n_layers=2 model.d_model=") == len(BUDGETS)
+    # four sizes a budget (bench.isoflop --points 4): the optimum between the middle two
+    from llmlab.eval.runs import find_runs
+    from llmlab.eval.scaling_report import scaling_section
+
+    (four,) = scaling_section(find_runs([tmp_path / "sweep"]), reps=10, points=4)["next_grid"].values()
+    for g in four:
+        sizes = g["sizes"]
+        assert len(sizes) == 4 and sizes == sorted(set(sizes))
+        assert sizes[1] - 16 <= d_star[g["budget"]] <= sizes[2] + 16, (g, d_star)
 
 
 def test_a_swept_size_is_said_once_not_flagged_on_every_row(tmp_path, few_replicates):
