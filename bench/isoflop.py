@@ -106,6 +106,10 @@ def main() -> None:
     ap.add_argument("--plan-budgets", default="5e10,5e11", help="train.max_flops values of the planning round")
     ap.add_argument("--budgets", default="5e10,1e11,2e11,5e11", help="train.max_flops values of the study")
     ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--multiple", type=int, default=8, help="the study's sizes are multiples of this (32 with "
+                    "model.n_layers=d_model/32, so that every size has whole layers at the same aspect ratio)")
+    ap.add_argument("--points", type=int, default=3, help="sizes per budget in the study's grid, centred on the "
+                    "planning fit's optimum (4 or 5 leave room for a planning fit that is a little off)")
     ap.add_argument("--lr", help="optim.lr for every run (default: the one in FIXED)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="one more override for every run (device=cuda, data.root=DIR, ...), or another value "
@@ -127,6 +131,8 @@ def main() -> None:
     plan_sizes = [int(d) for d in args.plan_sizes.split(",")]
     plan_budgets = [float(b) for b in args.plan_budgets.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
+    for given_twice in {f"{b:g}" for b in budgets if budgets.count(b) > 1}:  # two processes would share a run directory
+        sys.exit(f"bench.isoflop: --budgets: {given_twice} is given twice")
     given = read_grids(args.grids, names, budgets) if args.grids else None  # checked before any run starts
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-isoflop-") as tmp:
         root = args.work or Path(tmp)
@@ -163,7 +169,7 @@ def main() -> None:
         else:
             for name in names:
                 # at each study budget, the sizes centred on the planning fit's N* there
-                for b, sizes in plan_grid([root / d for d in plan_dirs[name]], budgets).items():
+                for b, sizes in plan_grid([root / d for d in plan_dirs[name]], budgets, args.multiple, args.points).items():
                     grids.setdefault(name, {})[f"{b:g}"] = sizes
             chosen.write_text(json.dumps(grids))
         for name in names:
@@ -241,14 +247,15 @@ def read_grids(path: Path, names: list[str], budgets: list[float]) -> dict[str, 
     return grids
 
 
-def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8) -> dict[float, list[int]]:
+def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, points: int = 3) -> dict[float, list[int]]:
     """The planning runs' next grid at the study's budgets (which need not be the planning
-    round's): the report's scaling section, asked at those budgets, each size a multiple of
-    ``multiple`` (MLA's rotary width d/4 must be even with 4 heads: d a multiple of 8)."""
+    round's): the report's scaling section, asked at those budgets for ``points`` sizes each,
+    each size a multiple of ``multiple`` (MLA's rotary width d/4 must be even with 4 heads: d
+    a multiple of 8)."""
     from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
 
-    section = sr.scaling_section(find_runs(plan_dirs), at_budgets=budgets)
+    section = sr.scaling_section(find_runs(plan_dirs), at_budgets=budgets, points=points)
     (grids,) = section["next_grid"].values()
     return {g["budget"]: snap([int(x) for x in g["sizes"]], multiple) for g in grids}
 

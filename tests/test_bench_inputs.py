@@ -36,6 +36,16 @@ def test_a_hand_edited_grids_file_stops_with_one_line(tmp_path, text, names):
     assert names in message
 
 
+def test_a_budget_given_twice_stops_the_study_before_any_run(monkeypatch, tmp_path):
+    # two processes of one sweep would share its run directory; the second is refused by its lock
+    from bench import isoflop
+
+    monkeypatch.setattr(isoflop, "run", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr("sys.argv", ["isoflop", "--budgets", "3e13,1.2e14,1.2e+14", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"^bench.isoflop: --budgets: 1.2e\+14 is given twice$"):
+        isoflop.main()
+
+
 def test_a_mistyped_recipe_stops_train_default_before_the_data_is_prepared(monkeypatch, capfd):
     """`bench.train_default` checks both recipes' settings (`llmlab train --cfg job`, a second)
     before it tokenizes anything: a typo in the reference stops it in one line that names the
