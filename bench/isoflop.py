@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -137,7 +138,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-isoflop-") as tmp:
         root = args.work or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        env = child_env(LLMLAB_CACHE=str(root / "cache"), TERM="dumb")
+        # jobs at once share the cores: each its share of threads (torch's default is every core,
+        # and 16 jobs x 16 threads that wait by spinning crowd out the work), unless set by hand
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // args.jobs))
+        env = child_env(LLMLAB_CACHE=str(root / "cache"), TERM="dumb", OMP_NUM_THREADS=threads)
         walls, commands = {}, []
         # the data once, before processes that would wait on its lock
         walls["tokenize"] = run(["tokenize", *[w for w in fixed if w.startswith(("data.", "tokenizer."))],

@@ -46,6 +46,25 @@ def test_a_budget_given_twice_stops_the_study_before_any_run(monkeypatch, tmp_pa
         isoflop.main()
 
 
+@pytest.mark.parametrize("jobs, cores, given, threads", [(16, 16, None, "1"), (2, 16, None, "8"), (1, 2, None, "2"),
+                                                       (4, 2, None, "1"), (16, 16, "3", "3")])
+def test_each_job_of_a_study_gets_its_share_of_the_cores(monkeypatch, tmp_path, jobs, cores, given, threads):
+    from bench import isoflop
+
+    def first_run(words, cwd, env):  # the data's tokenize run, before any training
+        raise SystemExit(env["OMP_NUM_THREADS"])
+
+    monkeypatch.setattr(isoflop, "run", first_run)
+    monkeypatch.setattr(isoflop.os, "cpu_count", lambda: cores)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if given:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    monkeypatch.setattr("sys.argv", ["isoflop", "--jobs", str(jobs), "--work", str(tmp_path)])
+    with pytest.raises(SystemExit) as ran:
+        isoflop.main()
+    assert str(ran.value) == threads
+
+
 def test_a_mistyped_recipe_stops_train_default_before_the_data_is_prepared(monkeypatch, capfd):
     """`bench.train_default` checks both recipes' settings (`llmlab train --cfg job`, a second)
     before it tokenizes anything: a typo in the reference stops it in one line that names the
