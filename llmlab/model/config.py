@@ -263,7 +263,7 @@ class ModelConfig(Checked):
 
     name: str = "custom"  # a label for reports; presets set theirs
     d_model: int = bounded(192, at_least=1)  # the default run's width: at its budget 192 beat 256 (bench/results/default_search.json)
-    n_layers: Any = width(4)  # or a depth that follows the width, d_model/32: a size sweep keeps its aspect ratio
+    n_layers: Any = width(4)  # blocks; d_model/32 grows the depth with the width, so a size sweep keeps the aspect ratio
     n_heads: int = bounded(4, at_least=1)
     max_seq_len: int = bounded(256, at_least=1)
     mtp_heads: int = bounded(0, at_least=0)  # extra heads predicting tokens t+2 ... t+1+mtp_heads
