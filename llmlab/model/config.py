@@ -270,7 +270,7 @@ class ModelConfig(Checked):
     mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
     bias: bool = False
     tie_embeddings: bool = True
-    init_std: float = 0.02
+    init_std: float = bounded(0.02, at_least=0)  # the std of the normal the weights start from
     vocab_multiple: int = bounded(64, at_least=1)  # pad the vocabulary for faster matmuls
     parametrization: str = choice("standard", ("standard", "mup"))  # mup: init, per-layer Adam lr and output scale that transfer across widths (Yang et al. 2022); needs tie_embeddings=false
     mup_base_width: int = bounded(128, at_least=1)  # mup: the d_model at which mup equals standard (tune optim.lr there)

@@ -69,6 +69,7 @@ def test_widths_relative_to_the_model_resolve_as_documented():
     swa, _ = job_of("model=swa", "model.max_seq_len=256", "attention.window=max_seq_len/4")
     assert swa.spec.attention.window == 64
     assert job_of("model=mla", "model.d_model=192", "attention.kv_rank=96")[0].spec.attention.kv_rank == 96
+    assert job_of("model/ffn=gelu", "ffn.hidden=null")[0].spec.ffn.hidden is None  # a null default takes null
 
 
 def test_a_depth_relative_to_the_width_keeps_the_aspect_ratio_and_an_integer_keeps_its_id():
@@ -82,6 +83,7 @@ def test_a_depth_relative_to_the_width_keeps_the_aspect_ratio_and_an_integer_kee
     ("model.n_layers=d_model/1000", r"^model.n_layers: must be >= 1, got 0$"),
     ("model.n_layers=max_seq_len/2", r"^model.n_layers: expected an integer or a width relative to model.d_model such as d_model/4"),
     ("model.n_layers=2.5", r"^model.n_layers: expected an integer or a width relative to model.d_model"),
+    ("model.n_layers=null", r"^model.n_layers: expected an integer or a width relative to model.d_model .*got None$"),
     ("model.n_heads=5", r"^model.n_heads: 5 does not divide model.d_model=192$"),  # the other settings are named first
 ])
 def test_a_bad_depth_names_its_key(setting, message):
@@ -96,6 +98,7 @@ def test_a_bad_depth_names_its_key(setting, message):
     ("attention.kv_rank=d_model/0", r"^attention.kv_rank: expected a number in 'd_model/0'"),
     ("attention.kv_rank=2.5", r"^attention.kv_rank: expected an integer or a width relative to model.d_model"),
     ("attention.kv_rank=d_model/1000", r"^attention.kv_rank: must be >= 1, got 0"),
+    ("attention.kv_rank=null", r"^attention.kv_rank: expected an integer or a width relative to model.d_model .*got None$"),
     ("attention.rope_dim=d_model/12", r"^attention.rope_dim: must be even"),  # 192 / 12 = 16 is even; 256 / 12 is not
 ])
 def test_a_bad_relative_width_names_its_key(setting, message):
