@@ -113,3 +113,10 @@ def test_mup_is_refused_with_an_optimizer_it_has_no_rule_for():
 
     with pytest.raises(ConfigError, match=r"^model.parametrization: mup .* optim=sgd; allowed with mup: adamw, lion, radam$"):
         job_of("model.parametrization=mup", "model.tie_embeddings=false", "optim=sgd")
+
+
+def test_a_negative_init_std_is_one_line_not_torchs_error_at_the_first_weight():
+    from llmlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.init_std: must be >= 0, got -1.0$"):
+        job_of("model.init_std=-1")
