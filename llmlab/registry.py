@@ -168,8 +168,8 @@ def _check(obj: Any, prefix: str) -> None:
             raise ConfigError(f"{join_key(prefix, f.name)}: unknown '{_name(value)}'; allowed: "
                               f"{', '.join(map(_name, allowed))}")
         relative = _declared(type(obj), f.name, "relative_to")
-        nullable = f.default is None  # a width whose default is null takes null (ffn.hidden: the kind's own)
-        if relative is not None and (value is not None or not nullable) and (isinstance(value, bool) or not isinstance(value, int)):
+        not_int = isinstance(value, bool) or not isinstance(value, int)
+        if relative is not None and not_int and (value is not None or f.default is not None):  # null only where the default is null (ffn.hidden)
             raise ConfigError(f"{join_key(prefix, f.name)}: expected an integer or a width relative to "
                               f"{', '.join(f'model.{n}' for n in relative)} such as {relative[0]}/4, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
