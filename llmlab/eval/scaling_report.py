@@ -295,6 +295,7 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     if not sizes or not has_budget:
         return None
     fitted = [r for r in runs if (n := _steps(r)) is None or n >= min_steps]
+    unknown = sum(1 for r in runs if _steps(r) is None) if min_steps else 0  # kept, and said
     short = sum(1 for r in fitted if (n := _steps(r)) is not None and n < SHORT_RUN)
     by_variant = variants(fitted, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
@@ -305,6 +306,7 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     grids = {label: next_grid(by_variant[label], v, sizes, points) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured,
             "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
+            "steps_unknown": unknown,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
             "crossings": crossings(found, measured) if budgets else [], "holdout": held,
             "next_grid": {label: g for label, g in grids.items() if g}}
@@ -335,6 +337,9 @@ def markdown(section: dict, figure: str | None) -> list[str]:
     if section.get("left_out"):
         out += [f"Left out of the fit: {section['left_out']} of the {section['runs']} runs, those of fewer than "
                 f"{section['min_steps']:,} steps (`min_steps={section['min_steps']}`).", ""]
+    if section.get("steps_unknown"):
+        out += [f"{section['steps_unknown']} of the runs do not say their steps (no whole number at `steps` in "
+                "summary.json), so `min_steps` cannot judge them: they are fitted.", ""]
     if section.get("short"):
         out += [f"{section['short']} of the runs fitted have fewer than {SHORT_RUN:,} steps. In so short a run a larger "
                 "model is held back by its few steps, which the surface does not model, and a fit on them can "

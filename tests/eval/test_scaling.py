@@ -296,6 +296,13 @@ def test_short_runs_are_said_and_min_steps_fits_without_them(tmp_path, few_repli
     assert all(abs(h["error"]) < 0.003 for h in kept["holdout"])
     assert "Left out of the fit: 12 of the 60 runs, those of fewer than 1,000 steps (`min_steps=1000`)." in (
         tmp_path / "kept" / "report.md").read_text()
+    # a summary whose steps were edited by hand is fitted, and said to be, not passed over in silence
+    edited = next((tmp_path / "sweep").glob("*/summary.json"))
+    edited.write_text(json.dumps({**json.loads(edited.read_text()), "steps": "abc"}))
+    said = write_report([tmp_path / "sweep"], None, tmp_path / "edited", min_steps=1000)["scaling"]
+    assert said["steps_unknown"] == 1 and said["left_out"] in (11, 12)
+    assert "1 of the runs do not say their steps (no whole number at `steps` in summary.json)" in (
+        tmp_path / "edited" / "report.md").read_text()
 
 
 def test_the_next_grid_centres_a_known_optimum(tmp_path, few_replicates):
