@@ -8,7 +8,8 @@ go wrong (a tensor left on the host, an inference tensor kept for training).
 For each attention kind (RoPE positions): greedy decoding with the KV cache gives the tokens of
 decoding without it; the cached, one-token-at-a-time logits match a full forward; a model that
 decoded first (inference mode, RoPE's table grown there) trains to the gradients of one that
-never decoded; and (for mla) a ``torch.compile``d training step gives the eager loss.
+never decoded; decoding with its step replayed as a CUDA graph gives the tokens of launching
+each kernel (mha and gqa; mla says why it cannot); and (for mla) a ``torch.compile``d training step gives the eager loss.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def check(name: str, attention: dict, device: str) -> dict:
     diff = (torch.cat(steps, dim=1) - full).abs().max().item()
     out["incremental_logits_max_diff"] = diff
     out["incremental_ok"] = diff < 1e-4
+    # CUDA graph decoding (llmlab.sample.graphs): the tokens of launching each kernel, past a refill
+    from llmlab.sample.graphs import why_not
+    longer = SamplingConfig(max_new_tokens=70, temperature=0.0)
+    out["graph_decoding"] = why_not(m, m.new_cache(1, 1)) or "recorded"
+    if device.startswith("cuda") and out["graph_decoding"] == "recorded":
+        launched, replayed = generate(m, prompt, longer), generate(m, prompt, longer, graphs=True)
+        out["graph_ok"] = bool(torch.equal(launched, replayed))
     decoded, fresh = model(attention, device), model(attention, device)
     decoded.train(), fresh.train()
     ids = generate(decoded, prompt, SamplingConfig(max_new_tokens=70, temperature=0.0))  # past max_seq_len

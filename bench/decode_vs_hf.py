@@ -9,7 +9,8 @@ GPT-2-124M with a 50,257-token BPE) trained for a few steps by ``llmlab train`` 
 corpus (``--data``: a text file), then exported with ``llmlab export``.
 Every round runs, each in a fresh process and in an order that rotates from round to round:
 ``llmlab sample`` greedy (the defaults, ``pack_weights=auto``), ``llmlab sample`` greedy with
-``pack_weights=false``, ``transformers`` ``generate`` greedy, then both sampling with the
+``pack_weights=false`` (on a GPU instead: with ``cuda_graph=false``), ``transformers``
+``generate`` greedy, then both sampling with the
 same top-k/top-p/temperature. The prompt is "ROMEO:", batch 1, ``--tokens`` new tokens (no stop
 at the end-of-text token). tokens/s is new tokens over the decoding's wall time, prefill
 included, for both; time to first token is from the call to the first new token. The greedy
@@ -139,6 +140,8 @@ def measure_size(name: str, shape: list[str], tmp: Path, env: dict, args) -> dic
     }
     if args.device != "cpu":
         del modes["llmlab_unpacked"]  # packing is a CPU matter
+        modes["llmlab_no_graph"] = lambda i: llmlab_sample(run_dir, tmp / f"{name}-s{i}-nograph", env, args,
+                                                           ["temperature=0", "cuda_graph=false"])
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     order = list(modes)
     for i in range(args.rounds):
@@ -158,6 +161,9 @@ def measure_size(name: str, shape: list[str], tmp: Path, env: dict, args) -> dic
     row["greedy_vs_transformers"] = row["llmlab"]["tokens_per_s_median"] / row["transformers"]["tokens_per_s_median"]
     row["sampling_vs_transformers"] = (row["llmlab_sampling"]["tokens_per_s_median"]
                                        / row["transformers_sampling"]["tokens_per_s_median"])
+    if "llmlab_no_graph" in row:
+        row["graph_vs_no_graph"] = (row["llmlab"]["tokens_per_s_median"]
+                                    / row["llmlab_no_graph"]["tokens_per_s_median"])
     if "llmlab_unpacked" in row:
         row["auto_vs_unpacked"] = row["llmlab"]["tokens_per_s_median"] / row["llmlab_unpacked"]["tokens_per_s_median"]
     if args.device == "cpu" and args.num_samples > 1:

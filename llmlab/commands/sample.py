@@ -45,6 +45,7 @@ class SampleConfig(Checked):
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
     pack_weights: Any = "auto"  # auto | true | false: CPU decoding with weights laid out anew (auto: the layout each model measures fastest in; true: oneDNN's)
+    cuda_graph: bool = True  # on CUDA, each new token's kernels replayed as one recorded CUDA graph (plain decoding of mha, gqa and mqa with dense FFNs); false: launched one by one
     draft: str | None = None  # a smaller checkpoint (same tokenizer) for speculative decoding
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
@@ -174,6 +175,10 @@ def run(job: SampleConfig, run_dir: Path) -> None:
     stop += f", draft vocabulary {len(draft_vocab):,} tokens" if draft_vocab is not None else ""
     how = (f", speculative: draft {Path(job.draft)}, k={spec.k}{stop}" if draft is not None
            else f", self-speculative with {len(model.mtp)} MTP heads" if speculative else "")
+    if device.type == "cuda" and not speculative:
+        from llmlab.sample.graphs import why_not
+        blocked = "cuda_graph=false" if not job.cuda_graph else why_not(model, model.new_cache(1, 1))
+        how += ", CUDA graph decoding" if blocked is None else f", kernels launched one by one ({blocked})"
     with amp, torch.no_grad():
         models = [model, *([draft] if draft is not None else [])]
         layouts, kept = decode_layouts(models, job.pack_weights)
@@ -192,7 +197,7 @@ def run(job: SampleConfig, run_dir: Path) -> None:
         sys.stdout.flush()
     done = decode_prompts(model, tok, encoded, n, sampling, eos_id, gen, draft=draft, mtp=spec.mtp, k=spec.k,
                           min_confidence=spec.min_confidence, draft_vocab=draft_vocab, compare=spec.compare,
-                          pack=job.pack_weights, amp=amp, writer=writer)
+                          pack=job.pack_weights, amp=amp, writer=writer, graphs=job.cuda_graph)
     if stream:
         sys.stdout.write(done.completions[0][1][len(writer.printed):] + "\n")
     else:

@@ -14,13 +14,23 @@ class KVCache:
         self.v = torch.zeros(batch, kv_heads, max_len, v_dim, device=device, dtype=dtype)
         self.positions = torch.arange(max_len, device=device)  # sliced, not made, at each step
         self.length = 0
+        # a CUDA graph's token (`llmlab.sample.graphs`): the position it writes, held on the
+        # device (1,), so one recorded step serves every position; None: the position is `length`
+        self.at: torch.Tensor | None = None
 
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store new keys/values (B, H_kv, T, D); return all keys, values and their positions."""
+        """Store new keys/values (B, H_kv, T, D); return all keys, values and their positions.
+        With ``at`` set, one token is stored there and the whole buffer comes back, every
+        position: the slots after ``at`` hold stale or zero keys, which a query must not see
+        (`visible`; a causal mask of the positions hides them too)."""
+        if self.at is not None:
+            self.k.index_copy_(2, self.at, k)
+            self.v.index_copy_(2, self.at, v)
+            return self.k, self.v, self.positions
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; asked for {end}")
@@ -28,6 +38,11 @@ class KVCache:
         self.v.narrow(2, start, end - start).copy_(v)
         self.length = end
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end), self.positions.narrow(0, 0, end)
+
+    def visible(self) -> torch.Tensor | None:
+        """With ``at`` set, which of the buffer's positions a token at ``at`` may look at
+        (1, max_len), for one query; None: all that `append` returned."""
+        return None if self.at is None else (self.positions <= self.at)[None]
 
     def truncate(self, length: int) -> None:
         """Forget every position from ``length`` on (rejected speculative tokens)."""

@@ -176,19 +176,26 @@ class Transformer(nn.Module):
             out.metrics.update({f"{name}/{k}": v.detach() for k, v in aux.items() if k != "weighted"})
         return out
 
-    def decode_token(self, idx: torch.Tensor, cache: ModelCache) -> ModelOutput:
+    def decode_token(self, idx: torch.Tensor, cache: ModelCache, at: torch.Tensor | None = None) -> ModelOutput:
         """One new token per sequence, idx (B, 1), with the cache: the logits and final states
         `forward` gives, with the parts entered through their ``forward`` and each block's
         `decode_token` (on 2 CPU cores `nn.Module.__call__` is a few percent of a small
-        model's token). Taken while `lean_decoding` is open, which holds no model with hooks."""
-        p = cache.pos
-        self.pos.check_end(p + 1)
-        positions = torch.arange(p, p + 1, device=idx.device)
+        model's token). Taken while `lean_decoding` is open, which holds no model with hooks.
+
+        ``at``: the position, held on the device (1,), for a step recorded once as a CUDA
+        graph (`llmlab.sample.graphs`, which sets the layers' ``at`` to it, checks the end and
+        moves ``cache.pos`` itself); by default ``cache.pos``, which this moves on."""
+        if at is None:
+            p = cache.pos
+            self.pos.check_end(p + 1)
+            positions = torch.arange(p, p + 1, device=idx.device)
+            cache.pos = p + 1
+        else:
+            positions = at
         x = self.pos.embed(self.embed.forward(idx), positions)
         pos = self.pos.view(positions)
         for block, layer in zip(self.blocks, cache.layers):
             x = block.decode_token(x, pos, positions, layer)
-        cache.pos = p + 1
         h = self.norm.forward(x)
         return ModelOutput(self.lm_head.forward(self.head_input(h)), hidden=h)
 

@@ -14,6 +14,7 @@ from llmlab.registry import bounded
 from llmlab.model.attention import decode_attention
 from llmlab.model.packing import packed_linears
 from llmlab.model.transformer import lean_decoding
+from llmlab.sample.graphs import GraphedStep, why_not
 
 
 @dataclass
@@ -120,13 +121,16 @@ def decoding(*models, pack="auto", keep: bool = True) -> Iterator[bool]:
 
 def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
-             on_token: Callable[[torch.Tensor], None] | None = None, pack="auto") -> torch.Tensor:
+             on_token: Callable[[torch.Tensor], None] | None = None, pack="auto",
+             graphs: bool = False) -> torch.Tensor:
     """Extend ``prompt`` (B, T) by up to ``cfg.max_new_tokens`` tokens; returns (B, T + n).
 
     A row that produced ``eos_id`` keeps emitting it; generation stops when every row has.
     With the cache, the prompt is run once and each step feeds one token. When the context
     reaches ``model.max_seq_len``, the cache is refilled with the latest half window.
     ``pack``: prepacked CPU weights (``llmlab.model.packing``): "auto", True or False.
+    ``graphs``: on CUDA, each new token's step replayed as a recorded CUDA graph
+    (`llmlab.sample.graphs`) where the model allows (`graphs.why_not`); the same tokens.
 
     Decoding runs in inference mode (`grad_free`). The ids come back as an ordinary tensor, so
     a caller may train on them (distillation on a teacher's text).
@@ -135,26 +139,39 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     model.eval()
     try:
         with grad_free(model), decoding(model, pack=pack, keep=not was_training):  # training: weights will change
-            out = _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token)
+            out = _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs)
     finally:
         model.train(was_training)
     return out.clone()
 
 
-def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token) -> torch.Tensor:
+def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs=False) -> torch.Tensor:
     vocab = model.vocab_size
     window = model.max_seq_len
     out = prompt
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     seen = seen_tokens(prompt, vocab) if cfg.repetition_penalty != 1.0 else None
-    cache, feed = None, None
+    cache, feed, graphed = None, None, None
     for _ in range(cfg.max_new_tokens):
         if use_cache:
             if cache is None or cache.pos + feed.shape[1] > window:
                 # (re)fill: the whole prompt at first, the latest half window once the context is full
                 feed = out[:, -(window // 2 if cache is not None else window):]
-                cache = model.new_cache(out.shape[0], window)
-            logits = model(feed, cache=cache).logits
+                if graphed is not None:
+                    cache.truncate(0)  # the recorded step holds this cache's buffers
+                else:
+                    cache = model.new_cache(out.shape[0], window)
+                    if graphs and cfg.max_new_tokens > 1 and why_not(model, cache) is None:
+                        graphed = GraphedStep(model, cache)
+                logits = model(feed, cache=cache).logits
+            elif graphed is not None:
+                logits = graphed.step(feed, cache.pos)
+                if graphed.broken is not None:  # said once, then decoded as without graphs
+                    from llmlab import console
+                    console.err.print(f"CUDA graph decoding: {graphed.broken}", style="yellow")
+                    graphed.broken, graphed = None, None
+            else:
+                logits = model(feed, cache=cache).logits
         else:
             logits = model(out[:, -window:]).logits
         tok = next_token(logits[:, -1, :vocab], cfg, generator, seen)

@@ -41,7 +41,7 @@ def completion_text(tok, row: list[int], eos_id) -> str:
     return tok.decode(row, skip_special=True)
 
 
-def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto"):
+def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto", graphs=False):
     """Prompts of one token length share a batch (no padding, so every row is exact)."""
     device = next(model.parameters()).device
     by_length: dict[int, list[int]] = {}
@@ -60,7 +60,8 @@ def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto"):
 
     for length, members in by_length.items():
         x = torch.tensor([encoded[i] for i in members for _ in range(n)], device=device)
-        out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token, pack=pack)
+        out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token, pack=pack,
+                       graphs=graphs)
         rows = out[:, length:].tolist()
         for r, i in enumerate(m for m in members for _ in range(n)):
             results.setdefault(i, []).append(rows[r])
@@ -104,14 +105,15 @@ def speculative_decode(model, draft, encoded, n, sampling, k, eos_id, gen, write
                      "tokens_per_forward": totals["new"] / max(1, totals["forwards"])}
 
 
-def compare_with_plain(model, encoded, n, sampling, results, stats, gen, device, pack="auto") -> dict:
+def compare_with_plain(model, encoded, n, sampling, results, stats, gen, device, pack="auto",
+                       graphs=False) -> dict:
     """Plain decoding of as many tokens per sequence as the speculative run made, timed."""
     t0 = time.perf_counter()
     identical = True
     for (i, row) in results:
         cfg = dataclasses.replace(sampling, max_new_tokens=len(row))
         x = torch.tensor([encoded[i]], device=device)
-        out = generate(model, x, cfg, generator=gen, pack=pack)[0, len(encoded[i]):].tolist()
+        out = generate(model, x, cfg, generator=gen, pack=pack, graphs=graphs)[0, len(encoded[i]):].tolist()
         identical = identical and out == row
     plain_s = time.perf_counter() - t0
     return {"plain_seconds": plain_s, "plain_tokens_per_s": stats["new_tokens"] / max(plain_s, 1e-9),
@@ -133,7 +135,7 @@ class Decoded:
 def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: SamplingConfig, eos_id: int | None,
                    gen: torch.Generator, *, draft=None, mtp: bool = False, k: int = 4, min_confidence: float = 0.0,
                    draft_vocab=None, compare: bool = True, pack: Any = "auto", amp=None,
-                   writer: "StreamWriter | None" = None) -> Decoded:
+                   writer: "StreamWriter | None" = None, graphs: bool = False) -> Decoded:
     """Decode ``n`` samples of every encoded prompt, speculatively with ``draft`` or with the
     model's MTP heads (``mtp``), plainly otherwise; with ``compare``, time plain decoding of
     the same tokens too and report the speed-up."""
@@ -145,7 +147,7 @@ def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: Sampl
             results, stats = speculative_decode(model, draft, encoded, n, sampling, k, eos_id, gen, writer,
                                                 min_confidence, pack, draft_vocab)
         else:
-            results, stats = plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack)
+            results, stats = plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack, graphs)
     elapsed = time.perf_counter() - t0
     completions = [(i, completion_text(tok, row, eos_id)) for i, row in results]
     new_tokens, ttft = stats["new_tokens"], stats["first_token_s"]
@@ -160,7 +162,7 @@ def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: Sampl
         if compare:
             device = next(model.parameters()).device
             with amp:
-                base = compare_with_plain(model, encoded, n, sampling, results, stats, gen, device, pack)
+                base = compare_with_plain(model, encoded, n, sampling, results, stats, gen, device, pack, graphs)
             base["speedup"] = base["plain_seconds"] / max(elapsed, 1e-9)
             record.update(base)
             same = ("; same tokens as plain greedy" if base["identical"] else "; differs from plain greedy") \

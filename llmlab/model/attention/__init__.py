@@ -265,8 +265,8 @@ class GroupedQueryAttention(Attention):
         qk = pos.rotate(qkv[:, :, :H + Hkv])  # the same angles for every head at one position
         k, v, _ = cache.append(qk[:, :, H:].transpose(1, 2), qkv[:, :, H + Hkv:].transpose(1, 2))
         scale = None if self.score_mult == 1.0 else self.score_mult / math.sqrt(D)  # as `sdpa` scales
-        y = F.scaled_dot_product_attention(qk[:, :, :H].transpose(1, 2), k, v, scale=scale,
-                                           **({"enable_gqa": True} if Hkv != H else {}))
+        y = F.scaled_dot_product_attention(qk[:, :, :H].transpose(1, 2), k, v, attn_mask=cache.visible(),
+                                           scale=scale, **({"enable_gqa": True} if Hkv != H else {}))
         return self.o_proj(y.transpose(1, 2).reshape(B, 1, H * D))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
