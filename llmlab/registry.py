@@ -52,7 +52,7 @@ def _expected(object_type: Any, key: Any) -> str | None:
 
 def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
     """One line for an OmegaConf error: the full key, and the allowed keys or the expected type."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     key = join_key(prefix, str(getattr(e, "full_key", "") or ""))
     owner = getattr(e, "object_type", None)
@@ -60,8 +60,9 @@ def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
         allowed = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
         return ConfigError(f"{key}: unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
     word = _expected(owner, getattr(e, "key", None))
-    if word is not None and getattr(e, "value", None) is not None:
-        return ConfigError(f"{key}: expected {word}, got {e.value!r}")
+    if word is not None and (getattr(e, "value", None) is not None or isinstance(e, ValidationError)):
+        # a null where the field takes none is a ValidationError with no value: said as written
+        return ConfigError(f"{key}: expected {word}, got {'null' if e.value is None else repr(e.value)}")
     return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")
 
 

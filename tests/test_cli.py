@@ -115,6 +115,9 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "-m", "seed=0,1", "hydra.callbacks.report.baselin=x"],
      ["hydra.callbacks.report.baselin: unknown key", "_target_, baseline"]),
     (["train", "hydra.job.chdir=maybe"], ["hydra.job.chdir: expected true or false, got 'maybe'"]),
+    # null where a setting takes none: the type it takes, not OmegaConf's "is not Optional"
+    (["train", "train.steps=null"], ["train.steps: expected an integer, got null"]),
+    (["sample", "cuda_graph=null"], ["cuda_graph: expected true or false, got null"]),
     (["train", "-m", "seed=0,1", "hydra/launcher=parallel"], ["hydra/launcher=parallel: unknown option", "basic"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
