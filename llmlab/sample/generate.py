@@ -169,7 +169,7 @@ def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs
                 if graphed.broken is not None:  # said once, then decoded as without graphs
                     from llmlab import console
                     console.err.print(f"CUDA graph decoding: {graphed.broken}", style="yellow")
-                    graphed.broken, graphed = None, None
+                    graphed, graphs = None, False  # nor tried again at a refill
             else:
                 logits = model(feed, cache=cache).logits
         else:

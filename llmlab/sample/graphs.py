@@ -16,6 +16,8 @@ time), `why_not` says so and decoding launches kernels one by one, as it does on
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from llmlab.model.attention import INLINE_VIEWS, GroupedQueryAttention
@@ -75,6 +77,10 @@ class GraphedStep:
         self.max_len = cache.layers[0].max_len
         model.pos.check_end(self.max_len)  # a RoPE table grown now, never inside the recording
 
+    def _device(self):
+        """The model's GPU as the current one while recording and replaying (it need not be)."""
+        return torch.cuda.device(self.at.device) if self.at.device.type == "cuda" else contextlib.nullcontext()
+
     def _run(self) -> torch.Tensor:
         for layer in self.cache.layers:
             layer.at = self.at
@@ -87,18 +93,19 @@ class GraphedStep:
     def _record(self) -> torch.Tensor:
         """Warm up on a side stream (as recording asks), record, and return the warm-up's
         logits: the step computed eagerly for the inputs now held."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            eager = self._run().clone()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # autocast's cache of cast weights would hold tensors made outside the graph's pool
-        autocast = torch.is_autocast_enabled("cuda")
-        dtype = torch.get_autocast_dtype("cuda")
-        with torch.autocast("cuda", dtype=dtype, enabled=autocast, cache_enabled=False), \
-                torch.cuda.graph(self.graph):
-            self.logits = self._run()
+        with self._device():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                eager = self._run().clone()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            # autocast's cache of cast weights would hold tensors made outside the graph's pool
+            autocast = torch.is_autocast_enabled("cuda")
+            dtype = torch.get_autocast_dtype("cuda")
+            with torch.autocast("cuda", dtype=dtype, enabled=autocast, cache_enabled=False), \
+                    torch.cuda.graph(self.graph):
+                self.logits = self._run()
         return eager
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
@@ -109,13 +116,21 @@ class GraphedStep:
         if not self.record or self.broken is not None:
             logits = self._run()
         elif self.graph is None:
-            logits = self._record()
-            self.graph.replay()
-            if not torch.equal(logits, self.logits):  # the same kernels on the same inputs
-                self.broken = "its replay differed from the step it recorded; decoded without it"
+            try:
+                logits = self._record()
+                with self._device():
+                    self.graph.replay()
+            except RuntimeError as e:  # an operation this torch build cannot record
+                self.broken = f"recording the step failed ({str(e).strip().splitlines()[0]}); decoded without it"
                 self.graph = None
+                logits = self._run()
+            else:
+                if not torch.equal(logits, self.logits):  # the same kernels on the same inputs
+                    self.broken = "its replay differed from the step it recorded; decoded without it"
+                    self.graph = None
         else:
-            self.graph.replay()
+            with self._device():
+                self.graph.replay()
             logits = self.logits
         self.cache.pos = pos + 1
         for layer in self.cache.layers:

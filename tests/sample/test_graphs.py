@@ -85,3 +85,36 @@ def test_models_whose_step_cannot_be_recorded_say_why(shape, reason):
     assert why_not(model, cache) == "not on a CUDA device"
     assert reason in unrecordable(model, cache)  # on a GPU, the model's own reason
     assert unrecordable(tiny_model(), tiny_model().new_cache(1, 8)) is None
+
+
+class _Replayed:
+    """A recorded graph whose replay leaves the output as the recording made it."""
+
+    def replay(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("failure, said", [
+    ("raise", "recording the step failed (operation not permitted when stream is capturing); decoded without it"),
+    ("differ", "its replay differed from the step it recorded; decoded without it"),
+])
+def test_a_step_that_cannot_be_recorded_or_replays_wrong_is_said_and_decoding_goes_on(monkeypatch, capsys, failure,
+                                                                                       said):
+    """Either way, one line says so, and the tokens are those of decoding without graphs."""
+    def record(self):
+        if failure == "raise":
+            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+        self.graph = _Replayed()
+        eager = self._run()
+        self.logits = eager + 1.0  # what a replay would give if it went wrong
+        return eager
+
+    model = tiny_model(attention={"kind": "gqa", "kv_heads": 2})
+    monkeypatch.setattr(gen_mod, "why_not", lambda model, cache: None)
+    monkeypatch.setattr(GraphedStep, "_record", record)
+    prompt = torch.tensor([[5, 17, 3, 60, 8]])
+    cfg = SamplingConfig(max_new_tokens=40, temperature=0)  # past max_seq_len 32: a refill too
+    plain = generate(model, prompt, cfg)
+    capsys.readouterr()
+    assert torch.equal(generate(model, prompt, cfg, graphs=True), plain)
+    assert capsys.readouterr().err.strip() == f"CUDA graph decoding: {said}"
