@@ -79,6 +79,11 @@ def read_kept(path: Path, what: str, usable, allowed: str) -> tuple[dict, str | 
                    f"(first: {bad[0][:60]!r}); measured again")
 
 
+def what_became(damaged: str, written: bool) -> str:
+    """``read_kept``'s line on a damaged file, finished with what `write_kept` did with it."""
+    return f"{damaged}, and the file {'written anew' if written else 'cannot be written'}"
+
+
 def write_kept(path: Path, known: dict) -> bool:
     """Write ``known`` to ``path`` whole (`atomic_write_text`); False where the cache cannot be
     written (read-only, full): that costs a measurement per run, nothing else."""

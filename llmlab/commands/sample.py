@@ -121,7 +121,7 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
     and written anew."""
     from llmlab import console
     from llmlab.data.prepare import cache_root
-    from llmlab.files import write_kept
+    from llmlab.files import what_became, write_kept
     from llmlab.model.packing import LAYOUT_FILE, chosen_linears, layout_key, read_layouts, should_pack
 
     if pack != "auto" or not should_pack(models, pack):  # another device, autocast: nothing to measure
@@ -133,8 +133,7 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
     if known != before or note:
         written = write_kept(path, known)
         if note:
-            console.err.print(f"{note}, and the file {'written anew' if written else 'cannot be written'}",
-                              style="yellow")
+            console.err.print(what_became(note, written), style="yellow")
     return layouts, path if all(layout_key(m) in before for m in models) else None
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from llmlab.files import read_kept, write_kept
+from llmlab.files import read_kept, what_became, write_kept
 from llmlab.perf import contended, other_load, rate, snapshot
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s.
@@ -150,8 +150,7 @@ def measured_matmul_peak(device_type: str, dtype: torch.dtype = torch.float32, n
         shown = "unknown" if load is None else f"{load:.0%}"
         return peak, f"measured under contention (other load {shown}, spread ±{spread:.0%}); not kept" + left
     written = _store_peak(key, {"flops": peak, "spread": round(spread, 4), "other_load": load, "source": "probe"})
-    return peak, "measured now" + (f"; {damaged}, and the file {'written anew' if written else 'cannot be written'}"
-                                   if damaged else "")
+    return peak, "measured now" + (f"; {what_became(damaged, written)}" if damaged else "")
 
 
 def raise_peak(device_type: str, dtype: torch.dtype, achieved: float, n: int = 1024, reps: int = 5) -> float:
