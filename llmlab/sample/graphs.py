@@ -42,7 +42,7 @@ def unrecordable(model: Transformer, cache: ModelCache) -> str | None:
         return "the model has forward hooks, which must run in Python every token"
     view = model.pos.view(torch.zeros(1, dtype=torch.long, device=next(model.parameters()).device))
     if type(view) not in INLINE_VIEWS:
-        return f"pos={type(model.pos).__name__.lower()} biases the attention scores"
+        return f"pos={model.spec.pos.kind} biases the attention scores"
     for blk, layer in zip(model.blocks, cache.layers):
         attn = blk.attn
         if not (isinstance(attn, GroupedQueryAttention) and attn.decodes_inline and type(layer) is KVCache):
