@@ -9,7 +9,9 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +33,31 @@ def llmlab(bench: str, words: list[str], cwd: Path, env: dict, quiet: bool = Fal
                           stdout=subprocess.DEVNULL if quiet else None)
     if done.returncode:
         sys.exit(f"bench.{bench}: llmlab {' '.join(words)} failed (exit {done.returncode})")
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished (waited-for) descendants, their workers included."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextmanager
+def tree_load() -> Iterator[dict]:
+    """The machine's share of CPU time that work other than this process and the children it
+    waits for used while the block ran (`llmlab.perf.other_load`, with the children's CPU
+    time taken out), in the yielded dict's ``"other_load"`` once the block ends (None where
+    ``/proc/stat`` is unreadable)."""
+    from llmlab import perf
+
+    out: dict = {"other_load": None}
+    start, children0 = perf.snapshot(), _children_cpu()
+    yield out
+    end, children = perf.snapshot(), _children_cpu() - children0
+    if start.busy is not None and end.busy is not None and end.wall > start.wall:
+        others = end.busy - start.busy - children - (end.own - start.own)
+        out["other_load"] = min(1.0, max(0.0, others / ((end.wall - start.wall) * end.cpus)))
 
 
 def machine() -> dict:

@@ -31,7 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import child_env, write_result
+from bench.common import child_env, tree_load, write_result
+from llmlab.perf import contended
 
 PROMPT = "ROMEO:"
 # name -> (d_model, layers, heads); kv_heads 2 (model=llama's default)
@@ -146,8 +147,11 @@ def measure_size(name: str, shape: list[str], tmp: Path, env: dict, args) -> dic
     order = list(modes)
     for i in range(args.rounds):
         for m in order[i % len(order):] + order[:i % len(order)]:  # who goes first rotates
-            runs[m].append(modes[m](i))
-            print(f"{name} round {i + 1} {m}: {runs[m][-1]['tokens_per_s']:,.1f} tokens/s", flush=True)
+            with tree_load() as load:
+                runs[m].append(modes[m](i))
+            runs[m][-1]["other_load"] = load["other_load"]
+            print(f"{name} round {i + 1} {m}: {runs[m][-1]['tokens_per_s']:,.1f} tokens/s"
+                  + (f" (other load {load['other_load']:.0%})" if load["other_load"] is not None else ""), flush=True)
     texts = {m: {r["text"] for r in rs} for m, rs in runs.items() if "sampling" not in m}
     greedy = set().union(*texts.values())
     reference = runs["transformers"][0]["text"]
@@ -157,7 +161,10 @@ def measure_size(name: str, shape: list[str], tmp: Path, env: dict, args) -> dic
     for m, rs in runs.items():
         row[m] = {"tokens_per_s": [r["tokens_per_s"] for r in rs],
                   "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
-                  "first_token_ms_median": 1000 * statistics.median(r["first_token_s"] for r in rs)}
+                  "first_token_ms_median": 1000 * statistics.median(r["first_token_s"] for r in rs),
+                  "other_load": [None if r["other_load"] is None else round(r["other_load"], 3) for r in rs]}
+    loads = [r["other_load"] for rs in runs.values() for r in rs]
+    row["runs"], row["contended_runs"] = len(loads), sum(contended(x) for x in loads)  # other work took > 15% of the CPU
     row["greedy_vs_transformers"] = row["llmlab"]["tokens_per_s_median"] / row["transformers"]["tokens_per_s_median"]
     row["sampling_vs_transformers"] = (row["llmlab_sampling"]["tokens_per_s_median"]
                                        / row["transformers_sampling"]["tokens_per_s_median"])
@@ -268,6 +275,8 @@ def main() -> None:
         print(f"{name}: llmlab {row['llmlab']['tokens_per_s_median']:,.0f} tokens/s, transformers "
               f"{row['transformers']['tokens_per_s_median']:,.0f} ({row['greedy_vs_transformers']:.2f}x); sampling "
               f"{row['sampling_vs_transformers']:.2f}x; identical greedy text: {row['identical_greedy_text']}"
+              + (f"; {row['contended_runs']} of {row['runs']} runs under contention (other work took over 15% of "
+                 "the CPU)" if row["contended_runs"] else "")
               + (f"; num_samples={row['num_samples']['n']} batched {row['num_samples']['speedup']:.2f}x one at a time"
                  if "num_samples" in row else ""))
     print(f"results: {out}")

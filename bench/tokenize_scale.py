@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import write_result
+from bench.common import tree_load, write_result
 from llmlab import perf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,38 +120,28 @@ def tree_rss(pid: int) -> tuple[int, int]:
 LOADS: list[float] = []
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's finished descendants (the tokenize run and its workers)."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_watched(cmd: list[str], cwd: Path, env: dict) -> tuple[float, tuple[int, int], subprocess.CompletedProcess]:
     """(wall seconds, (peak RSS of the whole tree, of its largest process) in bytes, sampled
     every 0.1 s, the finished process); the process's ``other_load`` (the machine's share used
     by anything but it and its workers) goes in ``LOADS``."""
-    start, children0 = perf.snapshot(), _children_cpu()
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0, 0]
+    with tree_load() as load:  # the tree's CPU is not other load
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def watch():
-        while proc.poll() is None:
-            tree, largest = tree_rss(proc.pid)
-            peak[0], peak[1] = max(peak[0], tree), max(peak[1], largest)
-            time.sleep(0.1)
+        def watch():
+            while proc.poll() is None:
+                tree, largest = tree_rss(proc.pid)
+                peak[0], peak[1] = max(peak[0], tree), max(peak[1], largest)
+                time.sleep(0.1)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    out, err = proc.communicate()
-    watcher.join()
-    wall = time.perf_counter() - t
-    end, children = perf.snapshot(), _children_cpu() - children0
-    if start.busy is not None and end.busy is not None:  # the tree's CPU is not other load
-        LOADS.append(min(1.0, max(0.0, (end.busy - start.busy - children - (end.own - start.own))
-                                  / ((end.wall - start.wall) * end.cpus))))
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        out, err = proc.communicate()
+        watcher.join()
+        wall = time.perf_counter() - t
+    if load["other_load"] is not None:
+        LOADS.append(load["other_load"])
     done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if proc.returncode:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")

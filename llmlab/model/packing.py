@@ -142,7 +142,7 @@ def _layout_copy(w: torch.Tensor, layout: str) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT)
     if layout in ("transposed", "split_k"):
         wt = w.t().contiguous()
-        return wt if layout == "transposed" else wt.view(_split_k_parts(wt.shape[0]), -1, wt.shape[1])
+        return wt if layout == "transposed" else _rows_in_blocks(wt)
     n, k = w.shape
     parts = _split_parts(n)
     return w.t().reshape(k, parts, n // parts).transpose(0, 1).contiguous()
@@ -166,6 +166,13 @@ def _split_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | No
     if rows.shape[1] > 1:  # (P, M, n) -> (M, P, n); with one row the blocks already lie in order
         y = y.transpose(0, 1)
     return y.reshape(*x.shape[:-1], parts * n)
+
+
+def _rows_in_blocks(copy):
+    """A transposed copy (K, N), or a group's (copy, bias), as the split_k layout's view of it."""
+    if isinstance(copy, tuple):
+        return _rows_in_blocks(copy[0]), copy[1]
+    return copy.view(_split_k_parts(copy.shape[0]), -1, copy.shape[1])
 
 
 def _split_k_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -247,8 +254,7 @@ def _joint_copy(group: Group, layout: str) -> tuple[torch.Tensor, torch.Tensor |
     first token."""
     bias = None if group[0].bias is None else torch.cat([m.bias.detach() for m in group])
     if layout == "split_k":
-        wt, _ = _joint_copy(group, "transposed")
-        return wt.view(_split_k_parts(wt.shape[0]), -1, wt.shape[1]), bias
+        return _rows_in_blocks(_joint_copy(group, "transposed"))
     if layout not in ("transposed", "split"):
         return _layout_copy(torch.cat([m.weight.detach() for m in group]), layout), bias
     first = group[0].weight
@@ -374,7 +380,12 @@ def _time_layouts(model: nn.Module, linears: list[nn.Linear],
     model.eval()
     try:
         with kept_tensors():  # ordinary tensors: the fastest layout's are kept for later decoding
-            copies = {name: _copies(linears, groups, name) for name in names if name != "plain"}
+            copies = {}
+            for name in names:
+                if name == "split_k" and "transposed" in copies:  # the same numbers, seen in row blocks
+                    copies[name] = {key: _rows_in_blocks(copy) for key, copy in copies["transposed"].items()}
+                elif name != "plain":
+                    copies[name] = _copies(linears, groups, name)
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
             cache = model.new_cache(1, 2)
             token = torch.zeros(1, 1, dtype=torch.long)
@@ -426,8 +437,9 @@ def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:
     takes under `PAYS_BELOW` of its time, measured on the model's own decoding step (what a
     layer costs depends on what runs around it: a layer timed alone keeps its weight in the
     cache, where decoding streams every weight from memory). Once per set of layer shapes and
-    thread count in a process: 41 steps of the model and a copy of its weights in each layout,
-    about 0.2 s at 1.7M parameters and 0.8 s at 23M on 2 AVX2 cores.
+    thread count in a process: 51 steps of the model and a copy of its weights in each layout
+    (transposed and split_k share one), about 0.2 s at 1.7M parameters and 1.0 s at 23M on 2
+    AVX2 cores.
 
     ``known`` (`read_layouts`): layouts measured before, by `layout_key`. One found there is
     taken as it is; one measured here goes in, unless other processes used the CPU while it

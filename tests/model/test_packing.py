@@ -329,3 +329,24 @@ def test_sharded_parameters_are_not_packed(tmp_path):
         assert torch.equal(out, ref)
     finally:
         tdist.destroy_process_group()
+
+
+def test_the_probe_keeps_one_copy_for_the_transposed_and_split_k_layouts(monkeypatch):
+    """split_k's copy is the transposed copy seen in row blocks: the probe that times every
+    layout holds it once, and the view multiplies to F.linear's numbers."""
+    import llmlab.model.packing as pk
+    monkeypatch.setattr(pk, "_split_parts", lambda features: 2 if features % 2 == 0 else 1)
+    model = tiny_model(ffn="swiglu", init_std=0.3)
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    _, copies = pk._time_layouts(model, linears, rounds=1)
+    assert {"transposed", "split_k"} <= set(copies)
+    for key, copy in copies["split_k"].items():
+        flat = copies["transposed"][key]
+        blocks, plain = (copy[0], flat[0]) if isinstance(key, tuple) else (copy, flat)
+        assert blocks.dim() == 3 and blocks.shape[0] == 2 and blocks.data_ptr() == plain.data_ptr()
+    alone = [m for m in linears if m in copies["split_k"]]
+    assert alone
+    for m in alone:
+        x = torch.randn(3, m.in_features)
+        torch.testing.assert_close(pk._split_k_linear(x, copies["split_k"][m], m.bias), F.linear(x, m.weight, m.bias),
+                                   rtol=1e-5, atol=1e-6)
