@@ -346,7 +346,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where
 def build_model(ckpt: Checkpoint, device: torch.device):
     """The network a checkpoint describes, with its weights, on ``device``, in eval mode."""
     from llmlab.errors import ConfigError
-    from llmlab.model.transformer import ModelSpec, Transformer
+    from llmlab.model.transformer import ModelSpec, Transformer, undrawn_weights
 
     try:
         spec = ModelSpec.from_config(ckpt.spec, int(ckpt.spec["vocab_size"]))
@@ -354,7 +354,8 @@ def build_model(ckpt: Checkpoint, device: torch.device):
         raise UserError(f"ckpt: {ckpt.path / 'model.json'} does not describe a model this llmlab can build ({e})") from e
     check_sizes_against_weights(spec, ckpt.weights, ckpt.path)
     try:
-        model = Transformer(spec)
+        with undrawn_weights():  # every weight is loaded below, or the checkpoint is refused
+            model = Transformer(spec)
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:
         raise UserError(f"ckpt: {ckpt.path / 'model.json'} describes a model that cannot be built here "
                         f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]})") from None

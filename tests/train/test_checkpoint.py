@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from llmlab.errors import UserError
+from llmlab.model.config import ATTENTION, FFN, OBJECTIVE, POSITION
 from llmlab.train.checkpoint import build_model, list_checkpoints, load_checkpoint, save_checkpoint
-from tests.conftest import tiny_model
+from tests.conftest import test_configs, tiny_model
 
 
 @pytest.fixture
@@ -37,6 +38,40 @@ def test_round_trip_gives_the_same_model(saved):
     assert ckpt.state == {"step": 30, "tokens_seen": 300}
     opt_state = ckpt.trainer_state()["optimizer"]
     assert opt_state["state"] and all(isinstance(v["exp_avg"], torch.Tensor) for v in opt_state["state"].values())
+
+
+KINDS = ([{"attention": c} for c in test_configs(ATTENTION)] + [{"ffn": c} for c in test_configs(FFN)]
+         + [{"pos": c} for c in test_configs(POSITION)] + [{"objective": c} for c in test_configs(OBJECTIVE)]
+         + [{"norm": {"placement": "post", "kind": "layernorm"}, "bias": True},
+            {"parametrization": "mup", "mup_base_width": 16, "tie_embeddings": False}, {"mtp_heads": 1}])
+
+
+@pytest.mark.parametrize("shape", KINDS, ids=lambda s: "-".join(f"{k}={v.get('kind', v) if isinstance(v, dict) else v}"
+                                                                 for k, v in s.items()))
+def test_a_checkpoint_is_built_again_without_drawing_its_weights(tmp_path, shape):
+    """Every kind comes back from its checkpoint with the saved numbers, and building it draws
+    no random weights (they are loaded): the random state is where it was."""
+    from torch import nn
+
+    from llmlab.data.tokenizer import TOKENIZER
+    tok = TOKENIZER.build(TOKENIZER.config({"kind": "byte"}, "tokenizer")).make()
+    tok.save(tmp_path / "tok.json")
+    model = tiny_model(seed=3, vocab_size=tok.vocab_size, init_std=0.3, **shape)
+    for p in model.parameters():  # biases and norms start at 0 and 1: make every number count
+        p.data.add_(torch.randn_like(p) * 0.1)
+    path = save_checkpoint(tmp_path / "run" / "checkpoints", 1, model, model.spec.to_dict(), {"seed": 3},
+                           tmp_path / "tok.json", state={}, trainer_state={})
+    normal = nn.init.normal_
+    ckpt = load_checkpoint(path)
+    rng = torch.random.get_rng_state()
+    again = build_model(ckpt, torch.device("cpu"))
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert nn.init.normal_ is normal  # put back
+    want, got = model.state_dict(), again.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    x = torch.randint(0, tok.vocab_size, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x).logits, again(x).logits)
 
 
 def test_keeps_the_last_n_and_leaves_no_temporaries(saved):
