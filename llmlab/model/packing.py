@@ -340,7 +340,8 @@ _chosen: dict[str, str] = {}  # by `layout_key`
 
 
 def _candidates(linears: list[nn.Linear]) -> list[str]:
-    """The layouts "auto" times: "split" where more than one thread runs, oneDNN's on x86-64."""
+    """The layouts "auto" times: "split" and "split_k" where more than one thread runs (and
+    divides a layer), oneDNN's on x86-64."""
     split = any(_split_parts(m.out_features) > 1 for m in linears)
     split_k = any(_split_k_parts(m.in_features) > 1 for m in linears)
     return ["plain", "transposed"] + ["split"] * split + ["split_k"] * split_k + ["onednn"] * _onednn_candidate()
