@@ -119,19 +119,14 @@ def _plain_cpu_fp32(p: torch.Tensor) -> bool:
     return type(p.detach()) is torch.Tensor and p.device.type == "cpu" and p.dtype == torch.float32
 
 
-def _split_parts(out_features: int) -> int:
-    """How many column blocks the split layout cuts a layer into: one per intra-op thread (at
-    most 8), fewer where they would not divide its outputs evenly; 1: no split."""
+def _split_parts(features: int) -> int:
+    """How many blocks the split layouts cut a layer into (split: of its ``features`` outputs;
+    split_k: of its inputs): one per intra-op thread (at most 8), fewer where they would not
+    divide them evenly; 1: no split."""
     parts = max(1, min(torch.get_num_threads(), 8))
-    while out_features % parts:
+    while features % parts:
         parts -= 1
     return parts
-
-
-def _split_k_parts(in_features: int) -> int:
-    """How many row blocks the split_k layout cuts a layer's transposed weight into (as
-    `_split_parts`, over its inputs)."""
-    return _split_parts(in_features)
 
 
 def _layout_copy(w: torch.Tensor, layout: str) -> torch.Tensor:
@@ -172,7 +167,7 @@ def _rows_in_blocks(copy):
     """A transposed copy (K, N), or a group's (copy, bias), as the split_k layout's view of it."""
     if isinstance(copy, tuple):
         return _rows_in_blocks(copy[0]), copy[1]
-    return copy.view(_split_k_parts(copy.shape[0]), -1, copy.shape[1])
+    return copy.view(_split_parts(copy.shape[0]), -1, copy.shape[1])
 
 
 def _split_k_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -189,7 +184,7 @@ def _split_k_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | 
 
 def _parts_key(linear: nn.Linear, layout: str) -> int:
     if layout == "split_k":
-        return _split_k_parts(linear.in_features)
+        return _split_parts(linear.in_features)
     return _split_parts(linear.out_features) if layout == "split" else 0
 
 
@@ -243,7 +238,7 @@ def _joint_key(group: Group, layout: str) -> tuple:
 
 def _joint_parts(group: Group, layout: str) -> int:
     if layout == "split_k":
-        return _split_k_parts(group[0].in_features)
+        return _split_parts(group[0].in_features)
     return _split_parts(sum(m.out_features for m in group)) if layout == "split" else 0
 
 
@@ -252,9 +247,9 @@ def _joint_copy(group: Group, layout: str) -> tuple[torch.Tensor, torch.Tensor |
     The transposed and split layouts are written from the members directly, with no stacked
     copy made first: a token's first step makes every copy, so it counts in the time to the
     first token."""
-    bias = None if group[0].bias is None else torch.cat([m.bias.detach() for m in group])
     if layout == "split_k":
         return _rows_in_blocks(_joint_copy(group, "transposed"))
+    bias = None if group[0].bias is None else torch.cat([m.bias.detach() for m in group])
     if layout not in ("transposed", "split"):
         return _layout_copy(torch.cat([m.weight.detach() for m in group]), layout), bias
     first = group[0].weight
@@ -343,7 +338,7 @@ def _candidates(linears: list[nn.Linear]) -> list[str]:
     """The layouts "auto" times: "split" and "split_k" where more than one thread runs (and
     divides a layer), oneDNN's on x86-64."""
     split = any(_split_parts(m.out_features) > 1 for m in linears)
-    split_k = any(_split_k_parts(m.in_features) > 1 for m in linears)
+    split_k = any(_split_parts(m.in_features) > 1 for m in linears)
     return ["plain", "transposed"] + ["split"] * split + ["split_k"] * split_k + ["onednn"] * _onednn_candidate()
 
 
