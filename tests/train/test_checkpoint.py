@@ -74,6 +74,16 @@ def test_a_checkpoint_is_built_again_without_drawing_its_weights(tmp_path, shape
         assert torch.equal(model.eval()(x).logits, again(x).logits)
 
 
+def test_weights_missing_from_a_checkpoint_refuse_the_build(saved):
+    """A model is built with its weights undrawn only because every one is then loaded: a
+    checkpoint that lacks one is refused, never decoded with uninitialised memory."""
+    _, _, paths = saved
+    ckpt = load_checkpoint(paths[-1])
+    del ckpt.weights["blocks.1.ffn.down_proj.weight"]
+    with pytest.raises(UserError, match=r"does not match .*missing \['blocks.1.ffn.down_proj.weight'\]"):
+        build_model(ckpt, torch.device("cpu"))
+
+
 def test_keeps_the_last_n_and_leaves_no_temporaries(saved):
     _, run, _ = saved
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000020", "step_000030"]
