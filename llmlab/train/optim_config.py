@@ -85,6 +85,8 @@ class MuonConfig(Checked):
     nesterov: bool = True
     weight_decay: float = bounded(0.0, at_least=0)
     adjust_lr: str | None = choice("match_rms_adamw", (None, "original", "match_rms_adamw"))  # scale updates so one lr suits every shape
+    # the Newton-Schulz iterations' precision; auto: bf16 on CUDA (torch's Muon), fp32 elsewhere
+    ns_precision: str = choice("auto", ("auto", "bf16", "fp32"))
     adamw_lr: float = bounded(3e-3, above=0)
     adamw_beta1: float = bounded(0.9, at_least=0, below=1)
     adamw_beta2: float = bounded(0.95, at_least=0, below=1)

@@ -121,6 +121,72 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert len(muon_params) + sum(len(g["params"]) for g in adamw.param_groups) == n_all
 
 
+needs_muon = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+
+
+def _muon_steps(opt, params, grads):
+    for g in grads:
+        for p, gp in zip(params, g):
+            p.grad = gp.clone()
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+@needs_muon
+@pytest.mark.parametrize("adjust", [None, "original", "match_rms_adamw", "spectral_unclamped"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_with_bf16_iterations_is_torchs_muon_bit_for_bit(adjust, nesterov):
+    from llmlab.train.optim import Fp32Muon
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(24, 40), (40, 24), (16, 16)]  # wide, tall (iterated transposed), square
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(3)]
+    settings = dict(lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, adjust_lr_fn=adjust)
+    ours = [p.clone().requires_grad_() for p in start]
+    theirs = [p.clone().requires_grad_() for p in start]
+    a = _muon_steps(Fp32Muon(ours, ns_dtype=torch.bfloat16, **settings), ours, grads)
+    b = _muon_steps(torch.optim.Muon(theirs, **settings), theirs, grads)
+    for x, y, x0 in zip(a, b, start):
+        assert torch.equal(x, y) and not torch.allclose(x, x0)
+
+
+@needs_muon
+def test_muon_in_fp32_orthogonalises_as_float64_does_and_steps_as_torchs_rule():
+    from llmlab.train.optim import Fp32Muon, orthogonalize
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(48, 20, generator=gen)
+    coefficients = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults
+    fp32, fp64 = orthogonalize(g, coefficients, 5, 1e-7, torch.float32), orthogonalize(g, coefficients, 5, 1e-7, torch.float64)
+    bf16 = orthogonalize(g, coefficients, 5, 1e-7, torch.bfloat16)
+    assert fp32.dtype == torch.float32 and fp32.shape == g.shape
+    assert (fp32.double() - fp64).abs().max() < 1e-5 < (bf16.double() - fp64).abs().max()
+    s = torch.linalg.svdvals(fp64)  # Muon's iteration leaves singular values near 1, not exactly 1
+    assert 0.5 < s.min() and s.max() < 1.3
+    # one step from zero momentum: p <- p (1 - lr wd) - lr * ratio * NS(g (1 - mu) lerp ...)
+    p = torch.randn(48, 20, generator=gen).requires_grad_()
+    start = p.detach().clone()
+    opt = Fp32Muon([p], lr=0.05, momentum=0.9, nesterov=False, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    p.grad = g.clone()
+    opt.step()
+    expected = start * (1 - 0.05 * 0.1) - 0.05 * 0.2 * 48 ** 0.5 * orthogonalize(0.1 * g, coefficients, 5, 1e-7, torch.float32)
+    assert torch.allclose(p.detach(), expected, atol=1e-6)
+    assert torch.equal(opt.state[p]["momentum_buffer"], 0.1 * g)
+
+
+@needs_muon
+def test_muon_precision_auto_is_fp32_on_the_cpu_and_names_its_choices():
+    from llmlab.train.optim import Fp32Muon, ns_precision
+    model = tiny_model()
+    muon = build_optimizer(OPTIMIZER.config({"kind": "muon"}, "optim"), model, torch.device("cpu")).optimizers[0]
+    assert isinstance(muon, Fp32Muon) and muon.ns_dtype == torch.float32
+    muon = build_optimizer(OPTIMIZER.config({"kind": "muon", "ns_precision": "bf16"}, "optim"), model,
+                           torch.device("cpu")).optimizers[0]
+    assert type(muon) is torch.optim.Muon
+    assert ns_precision("auto", torch.device("cuda")) == "bf16" and ns_precision("fp32", torch.device("cuda")) == "fp32"
+    with pytest.raises(ConfigError, match=r"^optim\.ns_precision: unknown 'fp16'; allowed: auto, bf16, fp32$"):
+        OPTIMIZER.config({"kind": "muon", "ns_precision": "fp16"}, "optim")
+
+
 def test_muon_without_torch_support_is_a_clear_error(monkeypatch):
     from llmlab.errors import ConfigError
     monkeypatch.delattr(torch.optim, "Muon", raising=False)

@@ -41,11 +41,13 @@ def test_a_sweep_groups_its_runs_only_with_a_logger_that_groups():
     assert LOGGER.get("wandb").groups_runs and not LOGGER.get("none").groups_runs
 
 
-# Run ids measured before sched.warmup could be null, widths could be relative and muP existed:
+# Run ids measured before sched.warmup could be null, widths could be relative, muP existed and
+# Muon's iterations could run in fp32:
 # runs of these settings keep their ids (and resume) across the change.
 OLD_RUN_IDS = {(): "83b82b337a8d", ("model=mla",): "4a6dd166b726", ("model=swa",): "73814f12e173",
                ("model=gqa", "attention.kv_heads=2"): "167838239fb6", ("sched=wsd",): "923a2a17d397",
-               ("sched.warmup=10",): "9da8e2deefce", ("model/ffn=moe",): "838e6c87021e", ("model=gpt2",): "4fdfad3171d3"}
+               ("sched.warmup=10",): "9da8e2deefce", ("model/ffn=moe",): "838e6c87021e", ("model=gpt2",): "4fdfad3171d3",
+               ("optim=muon", "optim.ns_precision=bf16"): "d3d02c0c594f"}
 
 
 @pytest.mark.parametrize("overrides", OLD_RUN_IDS)
