@@ -2,7 +2,7 @@
 against. Same network as the ``gpt2`` preset (learned positions, pre-LayerNorm with biases,
 GELU MLP, tied embeddings, SDPA causal attention; the linear layers' biases optional, as
 ``model.bias``), AdamW (the fused kernel on the CPU and CUDA), warmup + cosine, random windows of
-the same token array. No config system, no logging, no checkpoints: what is left is the cost
+the same token array; on the CPU, glibc's malloc keeps freed memory, as in ``llmlab train``. No config system, no logging, no checkpoints: what is left is the cost
 of the model itself."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from llmlab.train.device import keep_freed_memory
 
 
 class Block(nn.Module):
@@ -65,6 +67,8 @@ def train_plain(tokens: np.ndarray, vocab: int, d: int, layers: int, heads: int,
     the first (warm-up, compilation), as llmlab reports it."""
     torch.manual_seed(seed)
     dev = torch.device(device)
+    if dev.type == "cpu":
+        keep_freed_memory()  # as llmlab train does: part of the fastest plain loop on a CPU, not of llmlab
     model = PlainGPT(vocab, d, layers, heads, block, bias).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]

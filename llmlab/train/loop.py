@@ -33,7 +33,8 @@ from llmlab.train.card import (DECODE_SETTING, finished_summary, model_card, pri
                                summarize)
 from llmlab.train.checkpoint import best_checkpoint, load_weights, unique_names
 from llmlab.train.recovery import recover_checkpoints
-from llmlab.train.device import autocast, grad_scaler, memory_stats, resolve_device, resolve_precision, synchronize
+from llmlab.train.device import (autocast, grad_scaler, keep_freed_memory, memory_stats, resolve_device,
+                                 resolve_precision, synchronize)
 from llmlab.train.distill import Distiller
 from llmlab.train.distributed import barrier, broadcast, gradient_sync, init_distributed, mean, shutdown, wrap_model
 from llmlab.train.evaluation import Evaluator, val_line
@@ -91,6 +92,8 @@ class Trainer:
         self.run_id = job.run_id
         self._claim_run_dir(run_dir)
         self.precision = resolve_precision(job.precision, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # the step's activations live in host memory: reuse it, do not fault it in again
         self.finished = finished_summary(self.run_dir, self.run_id) if loop.resume == "auto" else None
         if self.finished is not None:
             return
