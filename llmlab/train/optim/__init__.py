@@ -165,7 +165,7 @@ def muon_lr_ratio(rule: str | None, shape: torch.Size) -> float:
         return 0.2 * math.sqrt(max(rows, cols))
     if rule == "spectral_unclamped":
         return math.sqrt(rows / cols)
-    return 1.0
+    raise ValueError(f"Muon: unknown adjust_lr_fn {rule!r}")
 
 
 # torch < 2.9 has no Muon: the class still defines, and the Config's check refuses the kind
