@@ -329,11 +329,15 @@ def test_eval_reports_loss_ppl_and_bpb(trained):
     assert "bits/byte" in (root / "outputs" / "ev" / "eval.log").read_text()  # kept, not an empty log
 
 
-def test_eval_a_text_file(trained):
+def test_eval_a_text_file(trained, monkeypatch):
+    import llmlab.train.device
+    kept = []  # on the CPU eval keeps the memory each batch frees, as train does
+    monkeypatch.setattr(llmlab.train.device, "keep_freed_memory", lambda: kept.append(True) or True)
     root, _ = trained
     (root / "other.txt").write_text("some other text to score\n" * 20)
     r = run_cli("eval", "ckpt=outputs/run", "text=other.txt", "hydra.run.dir=outputs/ev2", cwd=root)
     assert r.returncode == 0, r.stderr
+    assert kept == [True]
     assert json.loads((root / "outputs" / "ev2" / "eval.json").read_text())["source"] == "other.txt"
 
 

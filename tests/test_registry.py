@@ -22,6 +22,15 @@ def test_parse_checks_types_and_coerces_ints_to_floats():
     assert isinstance(cfg.rate, float)
 
 
+def test_parses_share_no_value_with_each_other():
+    """The schema OmegaConf checks against is built once per class; what each parse returns
+    is its own (a list default changed in one is not changed in the next)."""
+    first = parse_dataclass(Example, {}, "ex")
+    first.items.append("changed")
+    second = parse_dataclass(Example, {"n": 2}, "ex")
+    assert second.items == [] and second.n == 2 and parse_dataclass(Example, None, "ex").n == 1
+
+
 @pytest.mark.parametrize("data, key", [({"n": "three"}, "ex.n"), ({"rate": "fast"}, "ex.rate"),
                                        ({"flag": "maybe"}, "ex.flag"), ({"items": "a"}, "ex.items")])
 def test_parse_names_the_key_with_a_bad_type(data, key):
@@ -94,3 +103,32 @@ def test_a_declared_range_is_checked_and_kept_by_a_subclass_that_changes_the_def
     with pytest.raises(ConfigError, match=r"^x.n: must be >= 2 or null, got 1$"):
         parse_dataclass(Base, {"n": 1}, "x")
     assert parse_dataclass(Base, {"n": None}, "x").n is None
+
+
+def test_each_compose_shares_the_config_store_and_changes_nothing_in_it():
+    """Hydra deep-copies its config repository at every compose; the copy shares llmlab's
+    ConfigStore instead of copying its 50-odd nodes, and a composed config changed by whoever
+    holds it changes neither the store nor the next compose."""
+    import copy
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from llmlab.cli import register_parts
+    from llmlab.paths import conf_dir
+    from llmlab.registry import config_store
+
+    register_parts("train")
+    store = config_store()
+    assert copy.deepcopy(store) is store and copy.deepcopy({"s": [store]})["s"][0] is store
+    before = OmegaConf.to_yaml(store.load("schema/model.yaml").node)
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name="train"):
+        first = compose(config_name="train", overrides=["model=gqa", "attention.kv_heads=2"])
+        expected = OmegaConf.to_yaml(first)
+        with open_dict(first):
+            first.model.d_model = 7
+            first.attention.kv_heads = 3
+        again = compose(config_name="train", overrides=["model=gqa", "attention.kv_heads=2"])
+    assert OmegaConf.to_yaml(again) == expected
+    assert (again.model.d_model, again.attention.kv_heads, again.attention.kind) == (192, 2, "gqa")
+    assert OmegaConf.to_yaml(store.load("schema/model.yaml").node) == before

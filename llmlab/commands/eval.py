@@ -56,11 +56,13 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     from llmlab.eval.loss import bits_per_byte, evaluate_loss
     from llmlab.eval.plots import per_position_plot
     from llmlab.train.checkpoint import build_model, load_checkpoint
-    from llmlab.train.device import autocast, resolve_device, resolve_precision
+    from llmlab.train.device import autocast, keep_freed_memory, resolve_device, resolve_precision
 
     ckpt = load_checkpoint(job.ckpt)
     device = resolve_device(job.device)
     precision = resolve_precision(job.precision, device)
+    if device.type == "cpu":
+        keep_freed_memory()  # each batch's activations: reuse the memory, as train does (a tenth of the page faults)
     model = build_model(ckpt, device)
     tokens, nbytes, source = eval_tokens(ckpt, job.text, job.split, job.data, job.cache_dir)
     block = model.max_seq_len

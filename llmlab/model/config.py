@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Checked, Registry, bounded, choice, parse_dataclass, store_schema, width
+from llmlab.registry import Checked, Registry, bounded, choice, parse_dataclass, config_store, store_schema, width
 
 ATTENTION = Registry("attention", group="model/attention", package="_global_.attention", impl="llmlab.model.attention")
 FFN = Registry("ffn", group="model/ffn", package="_global_.ffn", impl="llmlab.model.ffn")
@@ -288,9 +288,7 @@ class ModelConfig(Checked):
 def _register_schema() -> None:
     """The ``model`` section's schema (``conf/model/tiny.yaml`` builds on it), and a model
     option per attention kind, so that ``model=gqa`` is the tiny model with GQA."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
+    store = config_store()
     store_schema("model", ModelConfig)
     ATTENTION.on_register(lambda name, config: store.store(
         group="model", name=name, provider="llmlab",
