@@ -119,6 +119,10 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert id(model.blocks[0].attn_norm.weight) not in muon_params
     n_all = len({id(p) for p in model.parameters()})
     assert len(muon_params) + sum(len(g["params"]) for g in adamw.param_groups) == n_all
+    # its AdamW half runs the kernel optim=adamw runs: fused on the CPU (torch's default there
+    # is a loop over the tensors)
+    plain = build_optimizer(OPTIMIZER.config({"kind": "adamw"}, "optim"), model, torch.device("cpu"))
+    assert adamw.defaults["fused"] is True and plain.defaults["fused"] is True
 
 
 needs_muon = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")

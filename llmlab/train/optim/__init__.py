@@ -47,13 +47,17 @@ class AdamW(OptimizerKind, torch.optim.AdamW):
 
     def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
-        # the fused kernel is one launch per step on CUDA and one pass per tensor on the CPU
-        # (5% of a small model's CPU step against foreach, bench.shakespeare), where it takes
-        # plain tensors only (not FSDP's sharded DTensors); foreach elsewhere
-        plain = all(type(p.detach()) is torch.Tensor for g in groups for p in g["params"])
-        fused = device.type == "cuda" or (device.type == "cpu" and plain)
-        super().__init__(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                         fused=fused, foreach=None if fused else True)
+        super().__init__(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **adamw_kernel(groups, device))
+
+
+def adamw_kernel(groups: list[dict], device: torch.device) -> dict:
+    """torch AdamW's ``fused``/``foreach`` for these groups: the fused kernel is one launch per
+    step on CUDA and one pass per tensor on the CPU (5% of a small model's CPU step against
+    foreach, bench.shakespeare), where it takes plain tensors only (not FSDP's sharded
+    DTensors); foreach elsewhere (torch's own default on the CPU is a loop over tensors)."""
+    plain = all(type(p.detach()) is torch.Tensor for g in groups for p in g["params"])
+    fused = device.type == "cuda" or (device.type == "cpu" and plain)
+    return {"fused": fused, "foreach": None if fused else True}
 
 
 @OPTIMIZER.register("sgd")
@@ -237,8 +241,9 @@ class Muon(OptimizerKind, OptimizerGroup):
         rest_ids = {id(p) for p in rest}
         groups = [{"params": [p for p in g["params"] if id(p) in rest_ids], "weight_decay": g["weight_decay"]}
                   for g in param_groups(model, cfg.adamw_weight_decay)]
-        adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.adamw_lr,
-                                  betas=(cfg.adamw_beta1, cfg.adamw_beta2))
+        groups = [g for g in groups if g["params"]]
+        adamw = torch.optim.AdamW(groups, lr=cfg.adamw_lr, betas=(cfg.adamw_beta1, cfg.adamw_beta2),
+                                  **adamw_kernel(groups, device))
         super().__init__([muon, adamw])
 
 
