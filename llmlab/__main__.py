@@ -1,4 +1,4 @@
-from llmlab.cli import main
+from llmlab.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

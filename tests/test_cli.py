@@ -35,6 +35,49 @@ def test_no_command_lists_the_commands(tmp_path):
     assert run_cli("--help", process=True, cwd=tmp_path).stdout == r.stdout
 
 
+# Holds a command's end: a thread still running, an exit handler, buffered output, and an object
+# whose __del__ runs only when the interpreter is finalized (a cycle kept by a module global)
+EXIT_PROBE = """
+import atexit, sys, threading, time
+MARK = sys.argv[1]
+class Witness:
+    def __del__(self, open=open, mark=MARK):
+        open(mark, "a").write("finalized ")
+kept = Witness()
+kept.cycle = kept
+atexit.register(lambda: open(MARK, "a").write("handler "))
+threading.Thread(target=lambda: (time.sleep(0.3), open(MARK, "a").write("thread "))).start()
+sys.stdout.write("buffered, ")
+from llmlab.cli import main, run
+entry = run if sys.argv[2] == "run" else main
+sys.argv = ["llmlab", *sys.argv[3:]]
+entry()
+"""
+
+
+@pytest.mark.parametrize("entry, args, status", [("run", ["--version"], 0), ("run", ["train", "train.steps=x"], 2),
+                                                 ("main", ["--version"], 0)])
+def test_a_command_ends_as_a_normal_exit_would_without_finalizing(tmp_path, entry, args, status):
+    """`llmlab` and `python -m llmlab` (`llmlab.cli.run`) end like a normal exit: running
+    threads are joined, the exit handlers run, buffered output arrives, the status is the
+    command's. Then the process ends without finalizing the interpreter, where tearing down
+    torch's modules took seconds; `main` alone, as tests and notebooks call it, leaves the
+    process to end as it will (its objects are finalized)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    mark = tmp_path / "mark"
+    r = subprocess.run([sys.executable, "-c", EXIT_PROBE, str(mark), entry, *args], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert r.returncode == status, r.stderr
+    assert r.stdout.startswith("buffered, ") and (status or r.stdout.startswith("buffered, llmlab "))
+    assert mark.read_text() == "thread handler " + ("finalized " if entry == "main" else "")
+    if status:
+        assert r.stderr == "llmlab: error: train.steps: expected an integer, got 'x'\n"
+
+
 def test_unknown_command_prints_usage_and_exits_2(tmp_path):
     r = run_cli("trian", process=True, cwd=tmp_path)
     assert r.returncode == 2

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from llmlab.errors import ConfigError
-from llmlab.registry import Checked, Registry, bounded, choice, parse_dataclass, config_store, store_schema, width
+from llmlab.registry import Checked, Registry, bounded, choice, config_store, parse_dataclass, store_schema, width
 
 ATTENTION = Registry("attention", group="model/attention", package="_global_.attention", impl="llmlab.model.attention")
 FFN = Registry("ffn", group="model/ffn", package="_global_.ffn", impl="llmlab.model.ffn")
