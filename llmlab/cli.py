@@ -352,7 +352,7 @@ def run() -> NoReturn:
     """The ``llmlab`` command (its console script and ``python -m llmlab``): `main`, then the
     process ends as a normal exit would, without finalizing the interpreter
     (`leave_without_finalizing`). Tearing down the modules torch and its compiler load took
-    1.2 to 2.6 s on the 2-core machine after every command's work was done. An exception that
+    1.3 to 2.6 s after a training on the 2-core machine (0.4 s after an eval). An exception that
     escapes `main` (a bug: a traceback) still ends the ordinary way."""
     try:
         main()
