@@ -119,6 +119,8 @@ def main() -> None:
                     "tiny models leave it idle most of a step, so several share it well")
     ap.add_argument("--name", default="isoflop", help="results: bench/results/NAME.json and bench/results/NAME/")
     ap.add_argument("--keep", type=Path, help="copy the runs here (to report on them again)")
+    ap.add_argument("--surface", default="chinchilla", help="the reports' surface (llmlab report surface=...): "
+                    "chinchilla, or kaplan where size and tokens interact")
     ap.add_argument("--grids", type=Path, help="a JSON file of the study's sizes, {variant: {budget: [d_model, ...]}}: "
                     "the planning round is skipped")
     ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "
@@ -160,7 +162,7 @@ def main() -> None:
         plan_scaling = None
         if not args.grids:
             run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report",
-                 "hydra.run.dir=plan-report-run"], root, env)
+                 f"surface={args.surface}", "hydra.run.dir=plan-report-run"], root, env)
             plan_scaling = json.loads((root / "plan-report" / "report.json").read_text())["scaling"]
         study: list[tuple[str, list[str]]] = []
         grids: dict = {}
@@ -192,7 +194,7 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         study_dirs = [w.split("=", 1)[1] for _, words in study for w in words if w.startswith("hydra.sweep.dir=")
                       if (root / w.split("=", 1)[1]).exists()]
-        run(["report", *study_dirs, f"out={out}", "hydra.run.dir=study-report-run"], root, env)
+        run(["report", *study_dirs, f"out={out}", f"surface={args.surface}", "hydra.run.dir=study-report-run"], root, env)
         report = json.loads((out / "report.json").read_text())
         if args.keep:
             for d in ("plan", "study"):

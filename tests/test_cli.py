@@ -131,6 +131,7 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "train.max_flops=6e15", "train.max_tokens=1000"],
      ["train.max_flops: set either max_flops or max_tokens", "max_flops=6e+15, max_tokens=1000"]),
     (["report", "runs", "select=best"], ["select: unknown 'best'", "all, best_lr"]),
+    (["report", "runs", "surface=power"], ["surface: unknown 'power'", "chinchilla, kaplan"]),
     (["train", "distill.wieght=0.5"], ["distill.wieght: unknown key", "gen_batch", "weight"]),
     (["sample", "max_new_tokens=-1"], ["max_new_tokens: must be >= 0"]),
     (["sample", "temperature=-0.5"], ["temperature: must be >= 0"]),

@@ -9,6 +9,7 @@ from llmlab.errors import ConfigError
 from llmlab.registry import Checked, bounded, choice
 
 SELECT = ("all", "best_lr")
+SURFACES = ("chinchilla", "kaplan")  # llmlab.eval.scaling.FORMS, named here without importing numpy
 
 @dataclass
 class ReportConfig(Checked):
@@ -19,6 +20,7 @@ class ReportConfig(Checked):
     out: str | None = None  # where report.md/.json/.png go; null: this command's run dir
     select: str = choice("all", SELECT)  # best_lr: keep each cell's best optim.lr by final val loss (a sweep with an optim.lr axis)
     min_steps: int = bounded(0, at_least=0)  # the scaling fit leaves out runs of fewer steps (there a larger model is held back by its few steps)
+    surface: str = choice("chinchilla", SURFACES)  # the scaling fit's form: chinchilla (E + A/N^a + B/D^b) or kaplan (size and tokens interact)
 
     def check(self, prefix: str) -> None:
         if not self.runs:
@@ -29,7 +31,8 @@ def run(job: ReportConfig, run_dir: Path) -> None:
     from llmlab.eval.report import write_report
 
     out = Path(job.out).expanduser() if job.out else run_dir
-    write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps)
+    write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps,
+                 surface=job.surface)
 
 
 COMMAND = Command("report", ReportConfig, run)

@@ -9,6 +9,17 @@ variant's runs, Chinchilla's parametric surface (their third approach)
 is fitted by variable projection: for fixed (alpha, beta) the rest is a non-negative linear
 least-squares problem (scipy's NNLS), so (alpha, beta) are searched on a grid and refined by
 Nelder-Mead from the best grid point, which avoids the local minima of a joint fit.
+
+The additive surface assumes size and tokens act apart. At small scale they do not (the runs
+of bench.isoflop: fitted without the largest budget, it under-predicted that budget's best
+loss in all ten of its variant-studies, by 2 to 6%). The other form offered is Kaplan et al.'s
+(2020, eq. 1.5) with an irreducible term, the same five parameters with the same meaning at
+the limits (D -> inf: E + A N^-alpha; N -> inf: E + B D^-beta):
+
+    L(N, D) = E + (A^(1/beta) * N^(-alpha/beta) + B^(1/beta) * D^-1)^beta
+
+fitted the same way, over (alpha, beta) and the mix of the two terms (rho below), with (E, a
+scale) linear.
 Uncertainty comes from a bootstrap over seeds (each cell of the design draws its seeds with
 replacement), or over the residuals when every cell has one seed.
 
@@ -24,6 +35,7 @@ Chinchilla Approach 2"), so a grid whose optimum lies off its centre is flagged.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
@@ -31,6 +43,11 @@ import numpy as np
 
 EXPONENTS = (0.02, 2.0)  # the search range of alpha and beta
 GRID = 40  # grid points per exponent for a fit
+FORMS = ("chinchilla", "kaplan")  # the surface's form (see the module's docstring)
+# Kaplan's form: rho, the log of the token term's weight against the size term's at the runs'
+# geometric mean, is searched in this range (a fit at its end has one term only)
+MIX = (-12.0, 12.0)
+MIX_GRID = 25
 BOOT_GRID = 12  # a coarser grid for each bootstrap replicate
 # ... refined to a coarser tolerance: with few points the surface is flat along some direction,
 # and Nelder-Mead at the main fit's 1e-6 spent its 2,000 iterations on most replicates (20 s
@@ -53,8 +70,16 @@ class Surface:
     b: float
     beta: float
     rmse: float
+    form: str = "chinchilla"  # or "kaplan" (FORMS)
+    mix_at_end: bool = False  # kaplan: the terms' mix (rho) at an end of its search
 
     def loss(self, n, d):
+        n, d = np.asarray(n, dtype=float), np.asarray(d, dtype=float)
+        if self.form == "kaplan":
+            if self.a <= 0 or self.b <= 0:  # one term: the two forms agree
+                return self.e + self.a * np.power(n, -self.alpha) + self.b * np.power(d, -self.beta)
+            inner = np.exp((np.log(self.a) - self.alpha * np.log(n)) / self.beta) + np.power(self.b, 1 / self.beta) / d
+            return self.e + np.power(inner, self.beta)
         return self.e + self.a * np.power(n, -self.alpha) + self.b * np.power(d, -self.beta)
 
 
@@ -98,19 +123,24 @@ def _grid_sse(exps: np.ndarray, ln: np.ndarray, ld: np.ndarray, y: np.ndarray) -
 
 
 def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], grid: int = GRID,
-                xatol: float = 1e-6, maxiter: int = 2000, frtol: float = 0.0) -> Surface:
+                xatol: float = 1e-6, maxiter: int = 2000, frtol: float = 0.0, form: str = "chinchilla") -> Surface:
     """Least-squares fit of L = E + A N^-alpha + B D^-beta (E, A, B >= 0) by variable
-    projection. Needs at least two sizes, two token counts and five points. ``grid``,
-    ``xatol``, ``maxiter`` and ``frtol``: the exponents' search grid and Nelder-Mead's
-    refinement, which ends when its simplex is within ``xatol`` and its sums of squares agree
-    within ``frtol`` of their size (0: to the last digits)."""
+    projection, or of Kaplan's form (``form="kaplan"``, the module's docstring). Needs at least
+    two sizes, two token counts and five points. ``grid``, ``xatol``, ``maxiter`` and
+    ``frtol``: the exponents' search grid and Nelder-Mead's refinement, which ends when its
+    simplex is within ``xatol`` and its sums of squares agree within ``frtol`` of their size
+    (0: to the last digits)."""
     from scipy.optimize import minimize
 
+    if form not in FORMS:
+        raise ValueError(f"form: unknown {form!r}; allowed: {', '.join(FORMS)}")
     n, d, y = (np.asarray(v, dtype=float) for v in (n, d, loss))
     if len(y) < 5 or len(np.unique(n)) < 2 or len(np.unique(d)) < 2:
         raise ValueError("a surface needs at least 5 runs over at least 2 sizes and 2 token counts")
     n0, d0 = np.exp(np.log(n).mean()), np.exp(np.log(d).mean())
     ln, ld = np.log(n / n0), np.log(d / d0)
+    if form == "kaplan":
+        return _fit_kaplan(ln, ld, y, n0, d0, grid, xatol, maxiter, frtol)
     exps = np.linspace(*EXPONENTS, grid)
     # the grid at once through the normal equations, then its few best points again by NNLS
     # itself (the normal equations lose digits where an exponent is near 0)
@@ -126,6 +156,77 @@ def fit_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[float], g
     alpha, beta = (float(v) for v in best)
     (e, a, b), _ = _project(alpha, beta, ln, ld, y)
     return Surface(float(e), float(a * n0 ** alpha), alpha, float(b * d0 ** beta), beta, float(np.sqrt(value / len(y))))
+
+
+def _kaplan_term(alpha, beta, rho, ln: np.ndarray, ld: np.ndarray) -> np.ndarray:
+    """Kaplan's form without its scale: (N'^(-alpha/beta) + e^rho / D')^beta on sizes and
+    tokens scaled to 1 at their geometric means; broadcasts over the parameters' shapes."""
+    return np.exp(beta * np.logaddexp(-(alpha / beta) * ln, rho - ld))
+
+
+def _two_column(f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The least-squares y ~ E + s f with E, s >= 0, vectorised over ``f``'s leading axes (the
+    runs on the last): E, s and the sum of squared residuals. The unconstrained solution where
+    both are non-negative, else the better of the two faces (E alone, s alone)."""
+    m = y.size
+    fm, ym = f.mean(-1), y.mean()
+    sff = (f * f).sum(-1) - m * fm * fm
+    sfy = f @ y - m * fm * ym
+    yy = float(y @ y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s_full = np.where(sff > 0, sfy / sff, 0.0)
+        e_full = ym - s_full * fm
+        s_only = np.maximum((f @ y) / (f * f).sum(-1), 0.0)
+    def sse(e, s):
+        return yy - 2 * e * m * ym - 2 * s * (f @ y) + m * e * e + 2 * e * s * m * fm + s * s * (f * f).sum(-1)
+    full = np.where((s_full >= 0) & (e_full >= 0), sse(e_full, s_full), np.inf)
+    e_face = sse(np.maximum(ym, 0.0), 0.0) + np.zeros_like(fm)
+    s_face = sse(0.0, s_only)
+    best = np.argmin(np.stack([full, e_face, s_face]), axis=0)
+    e = np.choose(best, [e_full, np.maximum(ym, 0.0) + np.zeros_like(fm), np.zeros_like(fm)])
+    s = np.choose(best, [s_full, np.zeros_like(fm), s_only])
+    return e, s, np.maximum(np.choose(best, [full, e_face, s_face]), 0.0)
+
+
+def _fit_kaplan(ln: np.ndarray, ld: np.ndarray, y: np.ndarray, n0: float, d0: float, grid: int,
+                xatol: float, maxiter: int, frtol: float) -> Surface:
+    """`fit_surface` for Kaplan's form: L = E + s (N'^(-alpha/beta) + e^rho / D')^beta, with
+    (E, s) linear for fixed (alpha, beta, rho): a grid over the three, then Nelder-Mead."""
+    from scipy.optimize import minimize
+
+    exps = np.linspace(*EXPONENTS, grid)
+    mixes = np.linspace(*MIX, MIX_GRID if grid >= GRID else max(9, MIX_GRID // 2))
+    a, b, r = np.meshgrid(exps, exps, mixes, indexing="ij")
+    f = _kaplan_term(a[..., None], b[..., None], r[..., None], ln, ld)
+    rough = _two_column(f, y)[2]
+
+    def objective(p):  # `_two_column` for one point, in scalars (Nelder-Mead calls it hundreds of times)
+        f = _kaplan_term(p[0], p[1], p[2], ln, ld)
+        fy, ff, fm = float(f @ y), float(f @ f), float(f.mean())
+        sff = ff - len(y) * fm * fm
+        s = (fy - len(y) * fm * ym) / sff if sff > 0 else 0.0
+        if s >= 0 and ym - s * fm >= 0:
+            r = y - (ym - s * fm) - s * f
+            return float(r @ r)
+        r = y - max(fy / ff, 0.0) * f
+        return min(e_alone, float(r @ r))
+
+    ym = float(y.mean())
+    e_alone = float(((y - ym) ** 2).sum())
+
+    candidates = [np.unravel_index(k, rough.shape) for k in np.argsort(rough, axis=None)[:3]]
+    value, best = min((objective(p), p) for p in (np.array([exps[i], exps[j], mixes[k]]) for i, j, k in candidates))
+    # the sum of squares is flat along the mix where one term dominates: to 1e-10 of its size,
+    # not to the last digit (which took Nelder-Mead its 2,000 iterations, 5 s a fit)
+    refined = minimize(objective, best, method="Nelder-Mead", bounds=[EXPONENTS, EXPONENTS, MIX],
+                       options={"xatol": xatol, "fatol": max(frtol, 1e-10) * value, "maxiter": maxiter})
+    if refined.fun < value:
+        best, value = refined.x, refined.fun
+    alpha, beta, rho = (float(v) for v in best)
+    e, s, _ = (float(v) for v in _two_column(_kaplan_term(alpha, beta, rho, ln, ld), y))
+    at_end = bool(np.isclose(rho, MIX[0], atol=1e-3) or np.isclose(rho, MIX[1], atol=1e-3))
+    return Surface(e, float(s * n0 ** alpha), alpha, float(s * math.exp(rho * beta) * d0 ** beta), beta,
+                   float(np.sqrt(value / len(y))), "kaplan", at_end)
 
 
 @dataclass(frozen=True)
@@ -159,6 +260,10 @@ def optimum(s: Surface, f: FlopsPerToken, budget, bounds: tuple[float, float]) -
         n = np.full_like(c, lo)
     elif s.b <= 0:  # tokens do not help: the largest
         n = np.full_like(c, hi)
+    elif s.form == "kaplan":  # the inside, a N^-(alpha/beta) + b k N^gamma / C, at its minimum
+        p = s.alpha / s.beta
+        a, b = s.a ** (1 / s.beta), s.b ** (1 / s.beta)
+        n = (p * a * c / (f.gamma * b * f.k)) ** (1.0 / (p + f.gamma))
     else:
         power = s.alpha + f.gamma * s.beta
         n = (s.alpha * s.a * (c / f.k) ** s.beta / (f.gamma * s.beta * s.b)) ** (1.0 / power)
@@ -200,15 +305,16 @@ def bootstrap(cells: Sequence[Cell], fit: Surface, reps: int = BOOTSTRAPS, seed:
         else:
             sample = np.array([v for c in cells for v in rng.choice(c.losses, len(c.losses))])
         try:
-            out.append(boot_fit(n, d, sample))
+            out.append(boot_fit(n, d, sample, fit.form))
         except ValueError:
             continue
     return out, ("residuals (one seed per cell)" if one_seed else "seeds within each cell")
 
 
-def boot_fit(n: np.ndarray, d: np.ndarray, sample: np.ndarray) -> Surface:
+def boot_fit(n: np.ndarray, d: np.ndarray, sample: np.ndarray, form: str = "chinchilla") -> Surface:
     """`fit_surface` as each bootstrap replicate runs it (a coarser grid and tolerance)."""
-    return fit_surface(n, d, sample, grid=BOOT_GRID, xatol=BOOT_XATOL, maxiter=BOOT_MAXITER, frtol=BOOT_FRTOL)
+    return fit_surface(n, d, sample, grid=BOOT_GRID, xatol=BOOT_XATOL, maxiter=BOOT_MAXITER, frtol=BOOT_FRTOL,
+                       form=form)
 
 
 def interval(values, level: float = LEVEL) -> tuple[float, float] | None:
@@ -258,12 +364,13 @@ def crossing(first: Callable, second: Callable, lo: float, hi: float, points: in
 
 def at_bounds(s: Surface) -> list[str]:
     """The fitted values that sit on a bound of the search (an exponent at an end of
-    ``EXPONENTS``, a coefficient at 0): there the runs do not pin the value down, and what
+    ``EXPONENTS``, a coefficient at 0, Kaplan's mix at an end of ``MIX``): there the runs do not pin the value down, and what
     follows from it (N*, D*, the crossing) leans on the bound."""
     ends = [f"{name} = {v:g} (the search's {'lower' if np.isclose(v, EXPONENTS[0], rtol=1e-3) else 'upper'} end)"
             for name, v in (("α", s.alpha), ("β", s.beta))
             if np.isclose(v, EXPONENTS[0], rtol=1e-3) or np.isclose(v, EXPONENTS[1], rtol=1e-3)]
-    return ends + [f"{name} = 0" for name, v in (("E", s.e), ("A", s.a), ("B", s.b)) if v <= 0]
+    mix = [f"the mix of the size and token terms (ρ) at an end of its search {MIX}, so one term alone"] if s.mix_at_end else []
+    return ends + [f"{name} = 0" for name, v in (("E", s.e), ("A", s.a), ("B", s.b)) if v <= 0] + mix
 
 
 def surface_dict(s: Surface) -> dict:

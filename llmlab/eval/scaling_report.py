@@ -114,13 +114,14 @@ def cells_of(runs: list[Run]) -> list[sc.Cell]:
     return out
 
 
-def analyse(cells: list[sc.Cell], budgets: list[float], reps: int) -> dict:
-    """One variant: surface, bootstrap, optimum per budget, IsoFLOP per budget."""
+def analyse(cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "chinchilla") -> dict:
+    """One variant: surface (of ``form``, `scaling.FORMS`), bootstrap, optimum per budget,
+    IsoFLOP per budget."""
     sizes = sorted({c.n for c in cells})
     if len(sizes) < 2 or len({c.budget for c in cells}) < 2 or sum(len(c.losses) for c in cells) < 5:
         return {"why": "a fit needs at least 2 sizes, 2 budgets and 5 finished runs"}
     n, d, y = sc.runs_of(cells)
-    fit = sc.fit_surface(n, d, y)
+    fit = sc.fit_surface(n, d, y, form=form)
     boots, kind = sc.bootstrap(cells, fit, reps)
     flops = sc.FlopsPerToken.fit([c.n for c in cells], [c.fpt for c in cells])
     bounds = (sizes[0] / 100, sizes[-1] * 100)
@@ -169,7 +170,7 @@ def crossings(found: dict[str, dict], measured: tuple[float, float]) -> list[dic
     return out
 
 
-def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -> dict | None:
+def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "chinchilla") -> dict | None:
     """The fit's own check: fitted on every budget but the largest, its prediction of the
     largest budget's best loss (the lowest over the sizes run there), with a 95% prediction
     interval (the bootstrap's fits plus the seed noise of a mean over as many seeds as the
@@ -182,7 +183,7 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -
     if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
         return None
     tn, td, ty = sc.runs_of(train)
-    fit = sc.fit_surface(tn, td, ty)
+    fit = sc.fit_surface(tn, td, ty, form=form)
     best = min(held, key=lambda c: float(np.mean(c.losses)))
     observed = float(np.mean(best.losses))
     n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
@@ -194,7 +195,7 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int) -
     draws = []
     for _ in range(reps):
         try:
-            b = sc.boot_fit(tn, td, fit.loss(tn, td) + sd * rng.standard_t(dof, len(tn)))
+            b = sc.boot_fit(tn, td, fit.loss(tn, td) + sd * rng.standard_t(dof, len(tn)), form)
         except ValueError:
             continue
         draws.append(float(np.min(b.loss(n, d))) + sd / math.sqrt(len(best.losses)) * float(rng.standard_t(dof)))
@@ -284,12 +285,13 @@ def _steps(run: Run) -> int | None:
 
 
 def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | None = None,
-                    at_budgets: list[float] | None = None, points: int = 3, min_steps: int = 0) -> dict | None:
+                    at_budgets: list[float] | None = None, points: int = 3, min_steps: int = 0,
+                    form: str = "chinchilla") -> dict | None:
     """The section's data, or None when the runs have no budget axis and size axis. The
     optimum and the next grid (``points`` sizes a budget) are worked out at the measured
     budgets, or at ``at_budgets``; ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`). Runs
     of fewer than ``min_steps`` steps are left out of the fit (a run that does not say its
-    steps is kept)."""
+    steps is kept). ``form``: the surface's (`scaling.FORMS`)."""
     reps = reps or sc.BOOTSTRAPS
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
@@ -300,11 +302,11 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     by_variant = variants(fitted, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
     budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
-    found = {label: analyse(cells, sorted(at_budgets or budgets), reps) for label, cells in all_cells.items()}
+    found = {label: analyse(cells, sorted(at_budgets or budgets), reps, form) for label, cells in all_cells.items()}
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
-    held = [h for label, cells in all_cells.items() if (h := holdout(label, cells, budgets, reps)) is not None]
+    held = [h for label, cells in all_cells.items() if (h := holdout(label, cells, budgets, reps, form)) is not None]
     grids = {label: next_grid(by_variant[label], v, sizes, points) for label, v in found.items()}
-    return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured,
+    return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured, "form": form,
             "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
             "steps_unknown": unknown,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
@@ -328,10 +330,24 @@ def _ci(ci, digits=3) -> str:
     return "" if ci is None else f" [{_g(ci[0], digits)}, {_g(ci[1], digits)}]"
 
 
+# the surface of each form (`scaling.FORMS`), as the report writes it
+FORMULA = {"chinchilla": "L(N, D) = E + A·N^-α + B·D^-β",
+           "kaplan": "L(N, D) = E + ((A·N^-α)^(1/β) + (B·D^-β)^(1/β))^β (Kaplan et al. 2020's form, `surface=kaplan`: "
+                     "size and tokens interact; with much data it is E + A·N^-α, with a large model E + B·D^-β)"}
+
+
+def formula_line(s: dict) -> str:
+    """A fitted surface in one line, in its own form."""
+    if s.get("form") == "kaplan":
+        return (f"L = {s['e']:.3f} + (({s['a']:.3g}/N^{s['alpha']:.3f})^(1/{s['beta']:.3f}) + "
+                f"({s['b']:.3g}/D^{s['beta']:.3f})^(1/{s['beta']:.3f}))^{s['beta']:.3f}")
+    return f"L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
+
+
 def markdown(section: dict, figure: str | None) -> list[str]:
     out = ["", "## Scaling: which variant wins at which budget", "",
            f"Budget axis `{section['budget_key']}`, size axis {', '.join(f'`{k}`' for k in section['size_keys'])}. "
-           "Surface L(N, D) = E + A·N^-α + B·D^-β fitted per variant by variable projection, with **N the "
+           f"Surface {FORMULA[section.get('form', 'chinchilla')]} fitted per variant by variable projection, with **N the "
            "non-embedding parameters and D the training tokens**; C is training FLOPs by the model card "
            "(FLOPs/token × tokens, the count `train.max_flops` uses). Brackets: 95% bootstrap intervals.", ""]
     if section.get("left_out"):
@@ -417,7 +433,9 @@ def holdout_markdown(held: list[dict]) -> list[str]:
         if not h["within_interval"]:
             out += ["", f"**⚠ hold-out miss: {h['variant']}: the best loss at {h['budget']:.3g} FLOPs was {h['observed']:.4f}, "
                     f"outside the interval{_ci(h['interval'], 4)} of the fit on the smaller budgets: the surface does "
-                    "not extrapolate, so its optimum and crossings beyond the measured budgets are not to be trusted.**"]
+                    "not extrapolate, so its optimum and crossings beyond the measured budgets are not to be trusted"
+                    + ("" if h["surface"].get("form") == "kaplan" else
+                       " (where size and tokens interact, as in short runs, `surface=kaplan` may fit)") + ".**"]
         if h["surface"].get("at_bounds"):
             out += ["", f"**⚠ {h['variant']}: the hold-out fit has {', '.join(h['surface']['at_bounds'])}: on a bound "
                     "of the fit, so its prediction leans on that bound.**"]
@@ -455,7 +473,7 @@ def scaling_lines(section: dict) -> list[str]:
         s = v["surface"]
         optima = "; ".join(f"C={b['budget']:.2g}: N*={b['n_opt']:.3g}, L*={b['loss_opt']:.3f}"
                            + (" (IsoFLOP grid off-centre)" if b["isoflop_off_centre"] else "") for b in v["per_budget"])
-        out.append(f"scaling: {label}: L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
+        out.append(f"scaling: {label}: {formula_line(s)}"
                    + (f" (on a bound: {', '.join(s['at_bounds'])})" if s.get("at_bounds") else "") + "; " + optima)
     for h in section.get("holdout") or []:
         out.append(f"scaling: {h['variant']}: fitted without {h['budget']:.3g} FLOPs, predicts its best loss "

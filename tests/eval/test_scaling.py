@@ -47,6 +47,49 @@ MIDDLE = true_optimum(TRUE, BUDGETS[1])
 GRIDS = {"centred": MIDDLE * np.logspace(-1, 1, 5), "off-centre": MIDDLE * np.logspace(-2, 0, 5) / 3}
 
 
+# Kaplan et al.'s form, where size and tokens interact, with the same limits as TRUE
+KAPLAN = sc.Surface(e=1.8, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0, form="kaplan")
+
+
+def test_kaplans_form_has_the_additive_forms_limits_and_interacts_between_them():
+    n, d = np.array([1e4, 1e6]), np.array([1e8, 1e10])
+    assert KAPLAN.loss(n, 1e40) == pytest.approx(TRUE.e + TRUE.a * n ** -TRUE.alpha, rel=1e-9)  # all the data
+    assert KAPLAN.loss(1e40, d) == pytest.approx(TRUE.e + TRUE.b * d ** -TRUE.beta, rel=1e-9)  # an unbounded model
+    # between them it is (x^(1/beta) + y^(1/beta))^beta of the two terms: at most their sum (beta < 1)
+    x, y = TRUE.a * n ** -TRUE.alpha, TRUE.b * d ** -TRUE.beta
+    assert KAPLAN.loss(n, d) == pytest.approx(TRUE.e + (x ** (1 / 0.3) + y ** (1 / 0.3)) ** 0.3, rel=1e-12)
+    assert np.all(KAPLAN.loss(n, d) < TRUE.loss(n, d))
+
+
+def test_kaplans_form_is_recovered_where_the_additive_one_does_not_fit():
+    cells = design(GRIDS["centred"], surface=KAPLAN)
+    n, d, y = (np.asarray(c) for c in columns(cells))
+    fit = sc.fit_surface(n, d, y, form="kaplan")
+    assert fit.form == "kaplan" and sc.at_bounds(fit) == []
+    assert (fit.alpha, fit.beta, fit.e) == (pytest.approx(0.45, abs=0.03), pytest.approx(0.30, abs=0.03),
+                                            pytest.approx(1.8, abs=0.05))
+    assert fit.rmse < 0.004  # the noise is 0.003
+    assert sc.fit_surface(n, d, y).rmse > 3 * fit.rmse  # the additive form cannot follow it
+    # a bootstrap replicate's quicker fit lands where a fit to the last digits does
+    quick, exact = sc.boot_fit(n, d, y, "kaplan"), sc.fit_surface(n, d, y, xatol=1e-9, maxiter=10_000, form="kaplan")
+    assert abs(quick.alpha - exact.alpha) < 1e-3 and abs(quick.beta - exact.beta) < 1e-3
+    with pytest.raises(ValueError, match="form: unknown 'power'; allowed: chinchilla, kaplan"):
+        sc.fit_surface(n, d, y, form="power")
+
+
+def test_the_report_setting_names_the_fits_forms():
+    from llmlab.commands.report import SURFACES  # spelt out there so that a command's start needs no numpy
+
+    assert SURFACES == sc.FORMS
+
+
+def test_kaplans_closed_form_optimum_is_the_minimum_along_the_budget():
+    for flops in (SIX_N, sc.FlopsPerToken(40.0, 0.85)):
+        for budget in BUDGETS:
+            found = float(sc.optimum(KAPLAN, flops, budget, (1e2, 1e9))["n"])
+            assert found == pytest.approx(true_optimum(KAPLAN, budget, flops), rel=1e-3)
+
+
 def test_a_bootstrap_replicates_fit_is_the_full_fit_within_its_tolerance():
     """Each replicate refits on a coarser grid and stops early (`boot_fit`); its exponents
     still land within the stated 1e-4 of a fit to the last digits, replicate after replicate."""
@@ -142,12 +185,13 @@ def test_crossing_of_two_optimal_loss_curves():
 SURFACES = {"mha": TRUE, "mla": OTHER}
 
 
-def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(None,), seeds=(0, 1), sigma=0.002) -> Path:
+def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(None,), seeds=(0, 1), sigma=0.002,
+               surfaces: dict[str, sc.Surface] = SURFACES) -> Path:
     """Run directories as a sweep leaves them: overrides and summary.json, the losses drawn
     from a known surface per variant (and, with an lr axis, worse away from lr 3e-3)."""
     rng = np.random.default_rng(0)
     k = 0
-    for attention, surface in SURFACES.items():
+    for attention, surface in surfaces.items():
         for budget in BUDGETS:
             for i, n in enumerate(sizes):
                 for lr in lrs:
@@ -276,6 +320,24 @@ def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_p
     lines = [ln for ln in (tmp_path / "out" / "report.md").read_text().splitlines() if "hold-out miss" in ln]
     assert len(lines) == 2 and all(ln.startswith("**⚠ hold-out miss: model/attention=m") and ln.endswith("**")
                                    for ln in lines)
+
+
+def test_surface_kaplan_predicts_a_held_out_budget_the_additive_surface_misses(tmp_path, few_replicates):
+    fake_sweep(tmp_path / "sweep", surfaces={"mha": KAPLAN})
+    additive = write_report([tmp_path / "sweep"], None, tmp_path / "additive")["scaling"]
+    assert additive["form"] == "chinchilla" and not additive["holdout"][0]["within_interval"]
+    assert "`surface=kaplan` may fit" in (tmp_path / "additive" / "report.md").read_text()
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "kaplan", surface="kaplan")
+    section = result["scaling"]
+    held = section["holdout"][0]
+    assert section["form"] == "kaplan" and held["surface"]["form"] == "kaplan"
+    assert abs(held["error"]) < 0.003 and held["within_interval"], held
+    (fit,) = (v["surface"] for v in section["variants"].values())
+    assert fit["alpha"] == pytest.approx(0.45, abs=0.05) and fit["at_bounds"] == []
+    saved = json.loads((tmp_path / "kaplan" / "report.json").read_text())["scaling"]
+    assert saved["form"] == "kaplan"
+    text = (tmp_path / "kaplan" / "report.md").read_text()
+    assert "L(N, D) = E + ((A·N^-α)^(1/β) + (B·D^-β)^(1/β))^β" in text and "hold-out miss" not in text
 
 
 def test_short_runs_are_said_and_min_steps_fits_without_them(tmp_path, few_replicates):

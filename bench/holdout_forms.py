@@ -1,0 +1,106 @@
+"""The hold-out check of each IsoFLOP study under both surface forms.
+
+Each study's report.json (bench/results/NAME/report.json, written by `llmlab report`) holds
+its groups: the runs' losses per seed, parameters and FLOPs per token, and its scaling
+section, whose per-budget sizes are the non-embedding parameter counts of the group sizes.
+From these the design cells are rebuilt, and `llmlab.eval.scaling_report.holdout` runs on them
+with `surface=chinchilla` (E + A/N^a + B/D^b) and `surface=kaplan` (size and tokens
+interact): fitted without the largest budget, each predicts that budget's best loss.
+
+    python -m bench.holdout_forms                       # the committed studies, a few minutes
+    python -m bench.holdout_forms isoflop isoflop-gpu   # some of them
+
+Results: bench/results/holdout_forms.json (per study and variant, each form's prediction,
+its 95% interval, the observed best loss, the error, and the fits' values on a bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import RESULTS, machine
+
+STUDIES = ("isoflop", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep")
+SIZE = re.compile(r"(?:^| )model\.d_model=(\d+)(?: |$)")
+BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
+
+
+def cells(report: dict) -> dict[str, list]:
+    """The study's design cells per variant, from its report.json."""
+    from llmlab.eval import scaling as sc
+    from llmlab.names import parse_flops
+
+    section = report["scaling"]
+    out = {}
+    for label, v in section["variants"].items():
+        words = set(label.split())
+        mine = [g for g in report["groups"] if words <= set(g["group"].split())]
+        by_budget: dict[float, list] = {}
+        for g in mine:
+            budget = parse_flops(BUDGET.search(g["group"]).group(1), "train.max_flops")
+            by_budget.setdefault(budget, []).append(g)
+        built = []
+        for b in v["per_budget"]:
+            groups = sorted(by_budget.get(b["budget"], []), key=lambda g: int(SIZE.search(g["group"]).group(1)))
+            if len(groups) != len(b["sizes"]):
+                sys.exit(f"bench.holdout_forms: {label} at {b['budget']:g}: {len(groups)} groups, "
+                         f"{len(b['sizes'])} sizes in the scaling section")
+            for g, n in zip(groups, b["sizes"]):  # both in order of size
+                fpt = float(g["flops_per_token"])
+                built.append(sc.Cell(float(n), b["budget"] / fpt, b["budget"], fpt, b["budget"],
+                                     tuple(float(x) for x in g["val_loss_values"])))
+        out[label] = built
+    return out
+
+
+def main() -> None:
+    from llmlab.eval import scaling as sc
+    from llmlab.eval import scaling_report as sr
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("studies", nargs="*", default=list(STUDIES), help="names under bench/results/")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    rows = []
+    for study in args.studies:
+        report = json.loads((RESULTS / study / "report.json").read_text())
+        for label, built in cells(report).items():
+            budgets = sorted({c.budget for c in built})
+            row = {"study": study, "variant": label, "budget": budgets[-1], "runs": sum(len(c.losses) for c in built)}
+            for form in sc.FORMS:
+                h = sr.holdout(label, built, budgets, sc.BOOTSTRAPS, form)
+                row[form] = {k: h[k] for k in ("predicted", "interval", "observed", "error", "within_interval")}
+                row[form]["at_bounds"] = h["surface"]["at_bounds"]
+                row[form]["surface"] = {k: h["surface"][k] for k in ("e", "a", "alpha", "b", "beta", "rmse")}
+                print(f"{study:18s} {label[-22:]:>22s} {form:10s} predicted {h['predicted']:.4f} "
+                      f"[{h['interval'][0]:.4f}, {h['interval'][1]:.4f}] observed {h['observed']:.4f} "
+                      f"{h['error']:+.2%}{'' if h['within_interval'] else ' outside'}"
+                      + (f"; on a bound: {', '.join(row[form]['at_bounds'])}" if row[form]["at_bounds"] else ""),
+                      flush=True)
+            rows.append(row)
+    summary = {form: {"mean_abs_error": float(np.mean([abs(r[form]["error"]) for r in rows])),
+                      "mean_error": float(np.mean([r[form]["error"] for r in rows])),
+                      "within_interval": sum(r[form]["within_interval"] for r in rows),
+                      "within_1pct": sum(abs(r[form]["error"]) <= 0.01 for r in rows),
+                      "on_a_bound": sum(bool(r[form]["at_bounds"]) for r in rows), "cases": len(rows)}
+               for form in sc.FORMS}
+    for form, s in summary.items():
+        print(f"{form}: mean |error| {s['mean_abs_error']:.2%} (mean {s['mean_error']:+.2%}); within the interval "
+              f"{s['within_interval']} of {s['cases']}, within 1% {s['within_1pct']}, a value on a bound {s['on_a_bound']}")
+    out = RESULTS / "holdout_forms.json"
+    out.write_text(json.dumps({"benchmark": "holdout_forms", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "machine": machine(), "command": "python -m bench.holdout_forms " + " ".join(args.studies),
+                               "wall_s": round(time.perf_counter() - start, 1), "summary": summary, "rows": rows},
+                              indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
