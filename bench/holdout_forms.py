@@ -3,7 +3,8 @@
 Each study's report.json (bench/results/NAME/report.json, written by `llmlab report`) holds
 its groups: the runs' losses per seed, parameters and FLOPs per token, and its scaling
 section, whose per-budget sizes are the non-embedding parameter counts of the group sizes.
-From these the design cells are rebuilt, and `llmlab.eval.scaling_report.holdout` runs on them
+From these the design cells are rebuilt (a run's tokens taken as its budget over its FLOPs per
+token, which a run's whole steps round down by under one step), and `llmlab.eval.scaling_report.holdout` runs on them
 with `surface=chinchilla` (E + A/N^a + B/D^b) and `surface=kaplan` (size and tokens
 interact): fitted without the largest budget, each predicts that budget's best loss.
 
@@ -70,8 +71,12 @@ def main() -> None:
     start = time.perf_counter()
     rows = []
     for study in args.studies:
-        report = json.loads((RESULTS / study / "report.json").read_text())
-        for label, built in cells(report).items():
+        path = RESULTS / study / "report.json"
+        try:
+            built_all = cells(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a missing or hand-edited file
+            sys.exit(f"bench.holdout_forms: {path}: not a report with a scaling section ({type(e).__name__}: {e})")
+        for label, built in built_all.items():
             budgets = sorted({c.budget for c in built})
             row = {"study": study, "variant": label, "budget": budgets[-1], "runs": sum(len(c.losses) for c in built)}
             for form in sc.FORMS:
