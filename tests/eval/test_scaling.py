@@ -340,17 +340,17 @@ def test_surface_kaplan_predicts_a_held_out_budget_the_additive_surface_misses(t
     assert "L(N, D) = E + ((A·N^-α)^(1/β) + (B·D^-β)^(1/β))^β" in text and "hold-out miss" not in text
 
 
-def test_bench_holdout_forms_rebuilds_a_reports_cells(tmp_path, few_replicates):
+def test_bench_holdout_forms_rebuilds_a_reports_cells(full_report):
     """`bench.holdout_forms` refits a study from its report.json alone: the cells it rebuilds
     are the ones the report fitted."""
     from bench.holdout_forms import cells
     from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
 
-    fake_sweep(tmp_path / "sweep")
-    report = write_report([tmp_path / "sweep"], None, tmp_path / "out")
-    rebuilt = cells(json.loads((tmp_path / "out" / "report.json").read_text()))
-    fitted = {label: sr.cells_of(runs) for label, runs in sr.variants(find_runs([tmp_path / "sweep"]), set()).items()}
+    report, out = full_report
+    rebuilt = cells(json.loads((out / "report.json").read_text()))
+    runs = find_runs([out.parent / "sweep"])
+    fitted = {label: sr.cells_of(rs) for label, rs in sr.variants(runs, set()).items()}
     assert set(rebuilt) == set(fitted) == set(report["scaling"]["variants"])
     for label, ours in rebuilt.items():
         key = lambda c: (c.budget, c.n)  # noqa: E731
