@@ -78,8 +78,10 @@ class Surface:
         if self.form == "kaplan":
             if self.a <= 0 or self.b <= 0:  # one term: the two forms agree
                 return self.e + self.a * np.power(n, -self.alpha) + self.b * np.power(d, -self.beta)
-            inner = np.exp((np.log(self.a) - self.alpha * np.log(n)) / self.beta) + np.power(self.b, 1 / self.beta) / d
-            return self.e + np.power(inner, self.beta)
+            # in logs: A^(1/beta) and B^(1/beta) overflow a float where beta is small
+            size = (math.log(self.a) - self.alpha * np.log(n)) / self.beta
+            tokens = math.log(self.b) / self.beta - np.log(d)
+            return self.e + np.exp(self.beta * np.logaddexp(size, tokens))
         return self.e + self.a * np.power(n, -self.alpha) + self.b * np.power(d, -self.beta)
 
 
@@ -260,10 +262,10 @@ def optimum(s: Surface, f: FlopsPerToken, budget, bounds: tuple[float, float]) -
         n = np.full_like(c, lo)
     elif s.b <= 0:  # tokens do not help: the largest
         n = np.full_like(c, hi)
-    elif s.form == "kaplan":  # the inside, a N^-(alpha/beta) + b k N^gamma / C, at its minimum
+    elif s.form == "kaplan":  # the inside, a N^-(alpha/beta) + b k N^gamma / C, at its minimum (in logs)
         p = s.alpha / s.beta
-        a, b = s.a ** (1 / s.beta), s.b ** (1 / s.beta)
-        n = (p * a * c / (f.gamma * b * f.k)) ** (1.0 / (p + f.gamma))
+        log_ratio = (math.log(s.a) - math.log(s.b)) / s.beta  # log(a / b), a = A^(1/beta), b = B^(1/beta)
+        n = np.exp((math.log(p) + log_ratio + np.log(c) - math.log(f.gamma * f.k)) / (p + f.gamma))
     else:
         power = s.alpha + f.gamma * s.beta
         n = (s.alpha * s.a * (c / f.k) ** s.beta / (f.gamma * s.beta * s.b)) ** (1.0 / power)

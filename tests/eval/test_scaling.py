@@ -59,6 +59,11 @@ def test_kaplans_form_has_the_additive_forms_limits_and_interacts_between_them()
     x, y = TRUE.a * n ** -TRUE.alpha, TRUE.b * d ** -TRUE.beta
     assert KAPLAN.loss(n, d) == pytest.approx(TRUE.e + (x ** (1 / 0.3) + y ** (1 / 0.3)) ** 0.3, rel=1e-12)
     assert np.all(KAPLAN.loss(n, d) < TRUE.loss(n, d))
+    # at the search's smallest beta, A^(1/beta) is past a float's range: computed in logs, not inf
+    steep = sc.Surface(e=1.0, a=1e9, alpha=0.1, b=1e9, beta=sc.EXPONENTS[0], rmse=0.0, form="kaplan")
+    additive = sc.Surface(1.0, 1e9, 0.1, 1e9, sc.EXPONENTS[0], 0.0)
+    assert np.all(np.isfinite(steep.loss(n, d))) and np.all(steep.loss(n, d) < additive.loss(n, d))
+    assert np.isfinite(float(sc.optimum(steep, SIX_N, 1e15, (1e2, 1e9))["loss"]))
 
 
 def test_kaplans_form_is_recovered_where_the_additive_one_does_not_fit():
