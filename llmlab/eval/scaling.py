@@ -20,6 +20,7 @@ the limits (D -> inf: E + A N^-alpha; N -> inf: E + B D^-beta):
 
 fitted the same way, over (alpha, beta) and the mix of the two terms (rho below), with (E, a
 scale) linear.
+
 Uncertainty comes from a bootstrap over seeds (each cell of the design draws its seeds with
 replacement), or over the residuals when every cell has one seed.
 
