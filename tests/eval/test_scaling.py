@@ -74,6 +74,8 @@ def test_kaplans_form_is_recovered_where_the_additive_one_does_not_fit():
     assert (fit.alpha, fit.beta, fit.e) == (pytest.approx(0.45, abs=0.03), pytest.approx(0.30, abs=0.03),
                                             pytest.approx(1.8, abs=0.05))
     assert fit.rmse < 0.004  # the noise is 0.003
+    # the search's own residual (Nelder-Mead's scalar objective) is the returned surface's
+    assert fit.rmse == pytest.approx(float(np.sqrt(np.mean((fit.loss(n, d) - y) ** 2))), rel=1e-6)
     assert sc.fit_surface(n, d, y).rmse > 3 * fit.rmse  # the additive form cannot follow it
     # a bootstrap replicate's quicker fit lands where a fit to the last digits does
     quick, exact = sc.boot_fit(n, d, y, "kaplan"), sc.fit_surface(n, d, y, xatol=1e-9, maxiter=10_000, form="kaplan")
