@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -54,14 +55,17 @@ def cells(report: dict) -> dict[str, list]:
                 sys.exit(f"bench.holdout_forms: {label} at {b['budget']:g}: {len(groups)} groups, "
                          f"{len(b['sizes'])} sizes in the scaling section")
             for g, n in zip(groups, b["sizes"]):  # both in order of size
-                fpt = float(g["flops_per_token"])
-                built.append(sc.Cell(float(n), b["budget"] / fpt, b["budget"], fpt, b["budget"],
-                                     tuple(float(x) for x in g["val_loss_values"])))
+                fpt, losses = float(g["flops_per_token"]), tuple(float(x) for x in g["val_loss_values"])
+                if not (math.isfinite(fpt) and fpt > 0) or not losses or not all(map(math.isfinite, losses)):
+                    raise ValueError(f"group {g['group']!r}: flops_per_token {g['flops_per_token']!r} and "
+                                     f"val_loss_values {g['val_loss_values']!r}: want a positive number and finite losses")
+                built.append(sc.Cell(float(n), b["budget"] / fpt, b["budget"], fpt, b["budget"], losses))
         out[label] = built
     return out
 
 
 def main() -> None:
+    from llmlab.errors import ConfigError
     from llmlab.eval import scaling as sc
     from llmlab.eval import scaling_report as sr
 
@@ -74,7 +78,7 @@ def main() -> None:
         path = RESULTS / study / "report.json"
         try:
             built_all = cells(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a missing or hand-edited file
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as e:  # a missing or hand-edited file
             sys.exit(f"bench.holdout_forms: {path}: not a report with a scaling section ({type(e).__name__}: {e})")
         for label, built in built_all.items():
             budgets = sorted({c.budget for c in built})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -327,6 +328,17 @@ def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_p
     lines = [ln for ln in (tmp_path / "out" / "report.md").read_text().splitlines() if "hold-out miss" in ln]
     assert len(lines) == 2 and all(ln.startswith("**⚠ hold-out miss: model/attention=m") and ln.endswith("**")
                                    for ln in lines)
+
+
+@pytest.mark.parametrize("field, value", [("flops_per_token", 0), ("val_loss_values", []),
+                                          ("val_loss_values", [3.1, float("nan")])])
+def test_bench_holdout_forms_refuses_a_hand_edited_group_naming_it(full_report, field, value):
+    from bench.holdout_forms import cells
+
+    report = json.loads((full_report[1] / "report.json").read_text())
+    report["groups"][0][field] = value
+    with pytest.raises(ValueError, match=f"group '{re.escape(report['groups'][0]['group'])}': .*want a positive number"):
+        cells(report)
 
 
 def test_surface_kaplan_predicts_a_held_out_budget_the_additive_surface_misses(tmp_path, few_replicates):
