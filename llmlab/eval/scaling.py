@@ -202,6 +202,8 @@ def _fit_kaplan(ln: np.ndarray, ld: np.ndarray, y: np.ndarray, n0: float, d0: fl
     a, b, r = np.meshgrid(exps, exps, mixes, indexing="ij")
     f = _kaplan_term(a[..., None], b[..., None], r[..., None], ln, ld)
     rough = _two_column(f, y)[2]
+    ym = float(y.mean())
+    e_alone = float(((y - ym) ** 2).sum())  # E alone, at the mean
 
     def objective(p):  # `_two_column` for one point, in scalars (Nelder-Mead calls it hundreds of times)
         f = _kaplan_term(p[0], p[1], p[2], ln, ld)
@@ -213,9 +215,6 @@ def _fit_kaplan(ln: np.ndarray, ld: np.ndarray, y: np.ndarray, n0: float, d0: fl
             return float(r @ r)
         r = y - max(fy / ff, 0.0) * f
         return min(e_alone, float(r @ r))
-
-    ym = float(y.mean())
-    e_alone = float(((y - ym) ** 2).sum())
 
     candidates = [np.unravel_index(k, rough.shape) for k in np.argsort(rough, axis=None)[:3]]
     value, best = min((objective(p), p) for p in (np.array([exps[i], exps[j], mixes[k]]) for i, j, k in candidates))
