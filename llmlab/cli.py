@@ -61,8 +61,8 @@ def register_parts(command: str | None = None, every_kind: bool = True) -> None:
     schema and its groups' registered options. Each command module imports the registries its
     groups need, so ``report`` or ``tokenize`` loads no torch before its work starts.
     ``every_kind``: also the kinds written as one file in a family's package, which means
-    importing those modules, torch with them; ``--cfg job`` does that only when the config
-    names one (`main` composes again then)."""
+    importing those modules, torch with them; `main` asks for that only for ``--help``, and
+    loads them itself once the settings passed their check or where the config names one."""
     from llmlab.registry import Registry
 
     for name in [command] if command else USAGE_COMMANDS:
@@ -183,6 +183,8 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
             except UserError as e:
                 fail(str(e), 2)
             except (HydraException, OmegaConfBaseException) as e:
+                if _names_an_unloaded_kind(e):
+                    raise _KindsLoaded from e
                 fail(_group_value_error(combo, command) or _explain(e, combo, compose_with), 2)
             except (ValueError, TypeError):  # Hydra on a group given a number, null or a list of them
                 line = _group_value_error(combo, command)
@@ -195,6 +197,11 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
                     compose_all(overrides)
                 except (HydraException, OmegaConfBaseException) as e:
                     fail(_explain(e, overrides, compose_all), 2)
+
+
+class _KindsLoaded(Exception):
+    """`preflight` met an option that is a kind written as one file, not loaded before; it is
+    loaded now, and the check starts again."""
 
 
 def _group_value_error(overrides: list[str], command: str = "train") -> str | None:
@@ -219,6 +226,9 @@ def _group_value_error(overrides: list[str], command: str = "train") -> str | No
         options = loader.get_group_options(group)
         if not options:
             continue
+        from llmlab.registry import Registry
+        registry = Registry.by_group.get(group)  # its kinds written as one file too, loaded now if not before
+        options = sorted(set(options) | set(registry.names() if registry is not None else []))
         try:  # the groups this command composes, from its config without this override
             from hydra import compose
             cfg = compose(config_name=command, overrides=[t for t in overrides if t != text], return_hydra_config=True)
@@ -263,7 +273,10 @@ def main(argv: list[str] | None = None) -> None:
                  f"(llmlab {command} -m {sweep}); give one value{listed}", 2)
     showing = bool({"--cfg", "-c", "--info"} & set(rest))
     helping = bool({"--help", "-h"} & set(rest))
-    register_parts(command, every_kind=helping or not showing)  # --cfg job alone stays torch-free
+    # The kinds written as one file import torch with them (3-4 s): --help lists them all, the
+    # rest loads them once the settings have passed their check, or where the config names one,
+    # so that a mistake in the settings is one line within a second
+    register_parts(command, every_kind=helping)
     if helping:
         from llmlab.help import command_help
         sys.stdout.write(command_help(command))
@@ -273,7 +286,12 @@ def main(argv: list[str] | None = None) -> None:
         final = name_train_sweep_by_its_overrides(final)
         final = keep_worker_ranks_out_of_outputs(final)
     if not showing:  # --cfg/--info only show a config: Hydra composes it once, its errors become one line below
-        preflight(command, rest, hydra_run_overrides(final))
+        from llmlab.registry import Registry
+        try:
+            preflight(command, rest, hydra_run_overrides(final))
+        except _KindsLoaded:  # the config names a kind written as one file: now loaded, so check again
+            preflight(command, rest, hydra_run_overrides(final))
+        Registry.load_all()  # as any command ran before: every kind's option offered to Hydra's own composition
     rest = final
     app = hydra_app(command, command_of(command))
     sys.argv = [f"llmlab {command}", *rest]
@@ -295,9 +313,7 @@ def main(argv: list[str] | None = None) -> None:
                 app()  # the config names a kind written as one file: now loaded
         except Exception as e:  # Hydra's MissingConfigException is an OSError too: config errors first
             if showing and (_is_config_error(e) or isinstance(e, (ValueError, TypeError))):
-                from llmlab.registry import Registry
-                Registry.load_all()  # every kind's option, the one-file ones too
-                line = _group_value_error(split_args(rest)[0], command)
+                line = _group_value_error(split_args(rest)[0], command)  # lists the one-file kinds too
                 if line is None and not _is_config_error(e):
                     raise
                 fail(line or _explain(e, split_args(rest)[0], _composer(command)), 2)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,23 @@ def test_cfg_job_finds_a_one_file_kind_and_lists_it_when_an_option_is_wrong(tmp_
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == ("llmlab: error: pos=alibx: unknown option; allowed: "
                                     f"{', '.join(POSITION.names())}")
+
+
+def test_settings_are_checked_before_the_one_file_kinds_load_and_with_them_where_named(tmp_path):
+    """A fresh process checks the settings before it imports the kinds written as one file
+    (torch with them: 3 to 4 s), so a mistake is one line within about a second. A config that
+    names such a kind has it loaded and is checked again with it, so its settings are judged
+    by its own schema."""
+    from tests.conftest import REPO
+
+    code = ("import sys\nfrom llmlab.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "LLMLAB_CACHE": str(tmp_path)})
+
+    typo = run("train", "train.steps=x")
+    assert (typo.stdout, typo.stderr) == ("2 False\n", "llmlab: error: train.steps: expected an integer, got 'x'\n")
+    named = run("train", "pos=alibi", "pos.exponent=x")
+    assert (named.stdout, named.stderr) == ("2 True\n", "llmlab: error: pos.exponent: expected a number, got 'x'\n")
