@@ -6,7 +6,9 @@ section, whose per-budget sizes are the non-embedding parameter counts of the gr
 From these the design cells are rebuilt (a run's tokens taken as its budget over its FLOPs per
 token, which a run's whole steps round down by under one step), and `llmlab.eval.scaling_report.holdout` runs on them
 with `surface=chinchilla` (E + A/N^a + B/D^b) and `surface=kaplan` (size and tokens
-interact): fitted without the largest budget, each predicts that budget's best loss.
+interact): fitted without the largest budget, each predicts that budget's best loss. The
+`auto` rows are the form `surface=auto` picks (a nested hold-out on the smaller budgets) and
+that form's figures.
 
     python -m bench.holdout_forms                       # the committed studies, a few minutes
     python -m bench.holdout_forms isoflop isoflop-gpu   # some of them
@@ -93,13 +95,18 @@ def main() -> None:
                       f"{h['error']:+.2%}{'' if h['within_interval'] else ' outside'}"
                       + (f"; on a bound: {', '.join(row[form]['at_bounds'])}" if row[form]["at_bounds"] else ""),
                       flush=True)
+            chosen = sr.choose_form(built, budgets)  # surface=auto: chosen without the largest budget
+            row["auto"] = {**row[chosen["form"]], "form": chosen["form"], "nested_errors": chosen.get("errors")}
+            print(f"{study:18s} {label[-22:]:>22s} auto       chose {chosen['form']}"
+                  + (" (nested: " + ", ".join(f"{f} {e:+.2%}" for f, e in chosen["errors"].items()) + ")"
+                     if "errors" in chosen else f" ({chosen['why']})"), flush=True)
             rows.append(row)
     summary = {form: {"mean_abs_error": float(np.mean([abs(r[form]["error"]) for r in rows])),
                       "mean_error": float(np.mean([r[form]["error"] for r in rows])),
                       "within_interval": sum(r[form]["within_interval"] for r in rows),
                       "within_1pct": sum(abs(r[form]["error"]) <= 0.01 for r in rows),
                       "on_a_bound": sum(bool(r[form]["at_bounds"]) for r in rows), "cases": len(rows)}
-               for form in sc.FORMS}
+               for form in (*sc.FORMS, "auto")}
     for form, s in summary.items():
         print(f"{form}: mean |error| {s['mean_abs_error']:.2%} (mean {s['mean_error']:+.2%}); within the interval "
               f"{s['within_interval']} of {s['cases']}, within 1% {s['within_1pct']}, a value on a bound {s['on_a_bound']}")

@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--name", default="isoflop", help="results: bench/results/NAME.json and bench/results/NAME/")
     ap.add_argument("--keep", type=Path, help="copy the runs here (to report on them again)")
     ap.add_argument("--surface", default="chinchilla", help="the reports' surface (llmlab report surface=...): "
-                    "chinchilla, or kaplan where size and tokens interact")
+                    "chinchilla, kaplan where size and tokens interact, or auto (per variant, by a nested hold-out)")
     ap.add_argument("--grids", type=Path, help="a JSON file of the study's sizes, {variant: {budget: [d_model, ...]}}: "
                     "the planning round is skipped")
     ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "

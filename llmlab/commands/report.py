@@ -9,7 +9,9 @@ from llmlab.errors import ConfigError
 from llmlab.registry import Checked, bounded, choice
 
 SELECT = ("all", "best_lr")
-SURFACES = ("chinchilla", "kaplan")  # llmlab.eval.scaling.FORMS, named here without importing numpy
+# llmlab.eval.scaling.FORMS, named here without importing numpy, and auto: per variant, the form
+# that predicts the second largest budget best from the smaller ones (a nested hold-out)
+SURFACES = ("chinchilla", "kaplan", "auto")
 
 @dataclass
 class ReportConfig(Checked):
@@ -20,7 +22,7 @@ class ReportConfig(Checked):
     out: str | None = None  # where report.md/.json/.png go; null: this command's run dir
     select: str = choice("all", SELECT)  # best_lr: keep each cell's best optim.lr by final val loss (a sweep with an optim.lr axis)
     min_steps: int = bounded(0, at_least=0)  # the scaling fit leaves out runs of fewer steps (there a larger model is held back by its few steps)
-    surface: str = choice("chinchilla", SURFACES)  # the scaling fit's form: chinchilla (E + A/N^a + B/D^b) or kaplan (size and tokens interact)
+    surface: str = choice("chinchilla", SURFACES)  # the scaling fit's form: chinchilla (E + A/N^a + B/D^b), kaplan (size and tokens interact), or auto (per variant, the one a nested hold-out picks)
 
     def check(self, prefix: str) -> None:
         if not self.runs:

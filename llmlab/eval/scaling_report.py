@@ -208,6 +208,27 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
             "surface": sc.surface_dict(fit)}
 
 
+def choose_form(cells: list[sc.Cell], budgets: list[float]) -> dict:
+    """``surface=auto``: the form (`scaling.FORMS`) whose fit on every budget but the two
+    largest predicts the second largest budget's best loss closest. The largest budget, which
+    `holdout` keeps for its own check, plays no part in the choice. With fewer than 4 budgets
+    there is no such nested check: the additive form, as on a tie."""
+    if len(budgets) < 4:
+        return {"form": sc.FORMS[0], "why": "fewer than 4 budgets: no nested hold-out"}
+    *inner, top = budgets[:-1]
+    train = [c for c in cells if any(np.isclose(c.budget, b) for b in inner)]
+    held = [c for c in cells if np.isclose(c.budget, top)]
+    if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
+        return {"form": sc.FORMS[0], "why": f"too few runs below {top:.3g} FLOPs for a nested hold-out"}
+    observed = min(float(np.mean(c.losses)) for c in held)
+    n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
+    errors = {}
+    for form in sc.FORMS:
+        fit = sc.fit_surface(*sc.runs_of(train), form=form)
+        errors[form] = observed / float(np.min(fit.loss(n, d))) - 1
+    return {"form": min(sc.FORMS, key=lambda f: abs(errors[f])), "fitted_on": inner, "budget": top, "errors": errors}
+
+
 def seed_sd(cells: list[sc.Cell], fit: sc.Surface) -> tuple[float, int]:
     """One run's loss noise and its degrees of freedom: the pooled standard deviation over
     seeds within cells, or, with one seed per cell, the fit's residuals' (less its five
@@ -291,7 +312,8 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     optimum and the next grid (``points`` sizes a budget) are worked out at the measured
     budgets, or at ``at_budgets``; ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`). Runs
     of fewer than ``min_steps`` steps are left out of the fit (a run that does not say its
-    steps is kept). ``form``: the surface's (`scaling.FORMS`)."""
+    steps is kept). ``form``: the surface's (`scaling.FORMS`), or ``auto`` (`choose_form`, per
+    variant)."""
     reps = reps or sc.BOOTSTRAPS
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
@@ -302,11 +324,16 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     by_variant = variants(fitted, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
     budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
-    found = {label: analyse(cells, sorted(at_budgets or budgets), reps, form) for label, cells in all_cells.items()}
+    chosen = {label: choose_form(cells, budgets) if form == "auto" else {"form": form}
+              for label, cells in all_cells.items()}
+    found = {label: analyse(cells, sorted(at_budgets or budgets), reps, chosen[label]["form"])
+             for label, cells in all_cells.items()}
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
-    held = [h for label, cells in all_cells.items() if (h := holdout(label, cells, budgets, reps, form)) is not None]
+    held = [h for label, cells in all_cells.items()
+            if (h := holdout(label, cells, budgets, reps, chosen[label]["form"])) is not None]
     grids = {label: next_grid(by_variant[label], v, sizes, points) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured, "form": form,
+            "chosen": {label: c for label, c in chosen.items() if form == "auto"},
             "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
             "steps_unknown": unknown,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
@@ -332,6 +359,7 @@ def _ci(ci, digits=3) -> str:
 
 # the surface of each form (`scaling.FORMS`), as the report writes it
 FORMULA = {"chinchilla": "L(N, D) = E + A·N^-α + B·D^-β",
+           "auto": "of the form each variant's nested hold-out chose (`surface=auto`, below)",
            "kaplan": "L(N, D) = E + ((A·N^-α)^(1/β) + (B·D^-β)^(1/β))^β (Kaplan et al. 2020's form, `surface=kaplan`: "
                      "size and tokens interact; with much data it is E + A·N^-α, with a large model E + B·D^-β)"}
 
@@ -350,6 +378,7 @@ def markdown(section: dict, figure: str | None) -> list[str]:
            f"Surface {FORMULA[section.get('form', 'chinchilla')]} fitted per variant by variable projection, with **N the "
            "non-embedding parameters and D the training tokens**; C is training FLOPs by the model card "
            "(FLOPs/token × tokens, the count `train.max_flops` uses). Brackets: 95% bootstrap intervals.", ""]
+    out += chosen_markdown(section.get("chosen") or {})
     if section.get("left_out"):
         out += [f"Left out of the fit: {section['left_out']} of the {section['runs']} runs, those of fewer than "
                 f"{section['min_steps']:,} steps (`min_steps={section['min_steps']}`).", ""]
@@ -419,6 +448,24 @@ def markdown(section: dict, figure: str | None) -> list[str]:
     return out
 
 
+def chosen_markdown(chosen: dict[str, dict]) -> list[str]:
+    """``surface=auto``'s choice per variant, with the nested hold-out's errors behind it."""
+    if not chosen:
+        return []
+    out = ["Form per variant (`surface=auto`): each form fitted without the two largest budgets predicts the second "
+           "largest budget's best loss; the closer one is the variant's surface (the largest budget, kept for the "
+           "hold-out check, plays no part).", "",
+           "| variant | fitted on | predicted budget | " + " | ".join(f"{f}: error" for f in sc.FORMS) + " | form |",
+           "|" + " --- |" * (4 + len(sc.FORMS))]
+    for label, c in chosen.items():
+        if "errors" not in c:
+            out.append(f"| {label} | | | " + " | " * (len(sc.FORMS) - 1) + f" | {c['form']} ({c['why']}) |")
+            continue
+        out.append(f"| {label} | {', '.join(f'{b:.3g}' for b in c['fitted_on'])} | {c['budget']:.3g} | "
+                   + " | ".join(f"{c['errors'][f]:+.2%}" for f in sc.FORMS) + f" | **{c['form']}** |")
+    return out + [""]
+
+
 def holdout_markdown(held: list[dict]) -> list[str]:
     if not held:
         return []
@@ -466,6 +513,10 @@ def figure(section: dict, path: Path) -> Path | None:
 def scaling_lines(section: dict) -> list[str]:
     """The scaling section in a few lines for the terminal (report.md has the tables)."""
     out = []
+    for label, c in (section.get("chosen") or {}).items():
+        out.append(f"scaling: {label}: surface=auto chose {c['form']} ("
+                   + (", ".join(f"{f} {e:+.2%}" for f, e in c["errors"].items())
+                      + f" at {c['budget']:.3g} FLOPs, fitted below it" if "errors" in c else c["why"]) + ")")
     for label, v in section["variants"].items():
         if "surface" not in v:
             out.append(f"scaling: {label}: {v['why']}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from llmlab.eval import scaling as sc
+from llmlab.eval import scaling_report as sr
 from llmlab.eval.report import write_report
 from llmlab.errors import UserError
 
@@ -88,7 +90,42 @@ def test_kaplans_form_is_recovered_where_the_additive_one_does_not_fit():
 def test_the_report_setting_names_the_fits_forms():
     from llmlab.commands.report import SURFACES  # spelt out there so that a command's start needs no numpy
 
-    assert SURFACES == sc.FORMS
+    assert SURFACES == (*sc.FORMS, "auto")
+
+
+FOUR_BUDGETS = (1e14, 2e14, 5e14, 1e15)
+
+
+def test_auto_picks_each_surfaces_own_form_by_a_nested_hold_out_that_never_sees_the_largest_budget():
+    for truth in (TRUE, KAPLAN):
+        cells = design(GRIDS["centred"], budgets=FOUR_BUDGETS, surface=truth)
+        chosen = sr.choose_form(cells, list(FOUR_BUDGETS))
+        other = next(f for f in sc.FORMS if f != truth.form)
+        assert (chosen["form"], chosen["fitted_on"], chosen["budget"]) == (truth.form, [1e14, 2e14], 5e14), chosen
+        assert abs(chosen["errors"][truth.form]) < 0.005 and abs(chosen["errors"][other]) > 0.02, chosen
+        # the largest budget is the hold-out check's: anything there leaves the choice as it was
+        spoilt = [c if c.budget < 1e15 else dataclasses.replace(c, losses=tuple(v + 1 for v in c.losses)) for c in cells]
+        assert sr.choose_form(spoilt, list(FOUR_BUDGETS)) == chosen
+    three = sr.choose_form(design(GRIDS["centred"], surface=KAPLAN), list(BUDGETS))
+    assert three == {"form": "chinchilla", "why": "fewer than 4 budgets: no nested hold-out"}
+
+
+def test_surface_auto_fits_each_variant_in_the_form_its_nested_hold_out_chose(tmp_path, few_replicates):
+    fake_sweep(tmp_path / "sweep", surfaces={"mha": KAPLAN, "mla": TRUE}, budgets=FOUR_BUDGETS)
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out", surface="auto")
+    section = result["scaling"]
+    assert section["form"] == "auto"
+    assert {label.split("=")[-1]: c["form"] for label, c in section["chosen"].items()} == {"mha": "kaplan",
+                                                                                         "mla": "chinchilla"}
+    for label, v in section["variants"].items():
+        assert v["surface"]["form"] == section["chosen"][label]["form"]
+    for h in section["holdout"]:
+        assert h["surface"]["form"] == section["chosen"][h["variant"]]["form"] and abs(h["error"]) < 0.005, h
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())["scaling"]
+    assert saved["chosen"] == json.loads(json.dumps(section["chosen"]))
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "Form per variant (`surface=auto`)" in text
+    assert "| model/attention=mha | 1e+14, 2e+14 | 5e+14 | " in text and "| **kaplan** |" in text
 
 
 def test_kaplans_closed_form_optimum_is_the_minimum_along_the_budget():
@@ -194,13 +231,13 @@ SURFACES = {"mha": TRUE, "mla": OTHER}
 
 
 def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(None,), seeds=(0, 1), sigma=0.002,
-               surfaces: dict[str, sc.Surface] = SURFACES) -> Path:
+               surfaces: dict[str, sc.Surface] = SURFACES, budgets=BUDGETS) -> Path:
     """Run directories as a sweep leaves them: overrides and summary.json, the losses drawn
     from a known surface per variant (and, with an lr axis, worse away from lr 3e-3)."""
     rng = np.random.default_rng(0)
     k = 0
     for attention, surface in surfaces.items():
-        for budget in BUDGETS:
+        for budget in budgets:
             for i, n in enumerate(sizes):
                 for lr in lrs:
                     for seed in seeds:
@@ -363,7 +400,6 @@ def test_bench_holdout_forms_rebuilds_a_reports_cells(full_report):
     """`bench.holdout_forms` refits a study from its report.json alone: the cells it rebuilds
     are the ones the report fitted."""
     from bench.holdout_forms import cells
-    from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
 
     report, out = full_report
