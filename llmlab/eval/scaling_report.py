@@ -175,13 +175,10 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
     largest budget's best loss (the lowest over the sizes run there), with a 95% prediction
     interval (the bootstrap's fits plus the seed noise of a mean over as many seeds as the
     observed cell has), beside the best loss observed there. None with fewer than 3 budgets."""
-    if len(budgets) < 3:
+    if len(budgets) < 3 or (split := _below_and_at(cells, budgets[-1])) is None:
         return None
+    train, held = split
     top = budgets[-1]
-    train = [c for c in cells if not np.isclose(c.budget, top)]
-    held = [c for c in cells if np.isclose(c.budget, top)]
-    if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
-        return None
     tn, td, ty = sc.runs_of(train)
     fit = sc.fit_surface(tn, td, ty, form=form)
     best = min(held, key=lambda c: float(np.mean(c.losses)))
@@ -208,6 +205,16 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
             "surface": sc.surface_dict(fit)}
 
 
+def _below_and_at(cells: list[sc.Cell], top: float) -> tuple[list[sc.Cell], list[sc.Cell]] | None:
+    """The cells below budget ``top`` (to fit on) and at it (to predict), or None where those
+    below are too few for a fit (2 sizes and 5 runs) or none is at it."""
+    train = [c for c in cells if c.budget < top and not np.isclose(c.budget, top)]
+    held = [c for c in cells if np.isclose(c.budget, top)]
+    if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
+        return None
+    return train, held
+
+
 def choose_form(cells: list[sc.Cell], budgets: list[float]) -> dict:
     """``surface=auto``: the form (`scaling.FORMS`) whose fit on every budget but the two
     largest predicts the second largest budget's best loss closest. The largest budget, which
@@ -216,10 +223,9 @@ def choose_form(cells: list[sc.Cell], budgets: list[float]) -> dict:
     if len(budgets) < 4:
         return {"form": sc.FORMS[0], "why": "fewer than 4 budgets: no nested hold-out"}
     *inner, top = budgets[:-1]
-    train = [c for c in cells if any(np.isclose(c.budget, b) for b in inner)]
-    held = [c for c in cells if np.isclose(c.budget, top)]
-    if not held or len({c.n for c in train}) < 2 or sum(len(c.losses) for c in train) < 5:
+    if (split := _below_and_at(cells, top)) is None:
         return {"form": sc.FORMS[0], "why": f"too few runs below {top:.3g} FLOPs for a nested hold-out"}
+    train, held = split
     observed = min(float(np.mean(c.losses)) for c in held)
     n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
     errors = {}
