@@ -234,7 +234,10 @@ def test_warmup_and_warmup_share_together_name_the_key():
 
 def test_adamw_on_the_cpu_takes_the_fused_kernel_and_steps_as_foreach_does():
     """The fused kernel (one pass per tensor) is the CPU's AdamW too, and it moves the weights
-    as the foreach implementation does."""
+    as the foreach implementation does. The two round differently; where a gradient is as small
+    as eps, Adam's normalisation magnifies that to ~1e-4 of a step (one element in 3,072 of some
+    draws), so the weights are compared to 1e-3 of one step's size, lr, and the draw is fixed."""
+    torch.manual_seed(0)
     cfg = OPTIMIZER.config({"kind": "adamw", "lr": 1e-2, "weight_decay": 0.1}, "optim")
     models = [tiny_model(), tiny_model()]
     models[1].load_state_dict(models[0].state_dict())
@@ -251,6 +254,6 @@ def test_adamw_on_the_cpu_takes_the_fused_kernel_and_steps_as_foreach_does():
             opt.zero_grad(set_to_none=True)
     moved = 0
     for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-3 * cfg.lr)
         moved += not torch.equal(a, start[name])
     assert moved >= len(start) // 2
