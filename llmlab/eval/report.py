@@ -52,7 +52,7 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
         at_ci = mean_ci(at) if at else None
         first = g.runs[0].summary
         rows.append({
-            "group": g.label, "seeds": len(g.runs), "runs": [str(r.path) for r in g.runs],
+            "group": g.label, "seeds": len(g.runs), "with_loss": len(finals), "runs": [str(r.path) for r in g.runs],
             "val_loss_mean": ci.mean if ci else None, "val_loss_ci95": ci.half_width if ci else None,
             "val_loss_values": finals,
             "val_loss_at_matched_mean": at_ci.mean if at_ci else None,
@@ -67,7 +67,14 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
     comparisons = [compare(g, base) for g in groups if g is not base]
     return {"matched_tokens": matched, "baseline": base.label, "groups": rows, "comparisons": comparisons,
             "speed_note": speed_note(rows, [r for g in groups for r in g.runs]),
-            "size_note": size_note(rows, base.label, swept_sizes(groups))}
+            "size_note": size_note(rows, base.label, swept_sizes(groups)),
+            "no_loss": [str(r.path) for g in groups for r in g.runs if r.summary.get("val_loss") is None],
+            "unreadable_metrics": {str(r.path / "metrics.jsonl"): r.unreadable_lines
+                                   for g in groups for r in g.runs if r.unreadable_lines}}
+
+
+def _some(items: list[str], shown: int = 5) -> str:
+    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
 
 
 # Groups whose parameters or FLOPs per token differ by more than this share from the baseline's
@@ -221,11 +228,17 @@ def _speed(row: dict, name: str) -> str:
 
 
 def table_rows(report: dict) -> list[list[str]]:
-    return [[r["group"] + (" †" if r.get("caveats") else "") + (" ‡" if r.get("size_differs") else ""), str(r["seeds"]), _pm(r["val_loss_mean"], r["val_loss_ci95"]),
+    return [[r["group"] + (" †" if r.get("caveats") else "") + (" ‡" if r.get("size_differs") else ""), _seeds(r), _pm(r["val_loss_mean"], r["val_loss_ci95"]),
              _pm(r["val_loss_at_matched_mean"], r["val_loss_at_matched_ci95"]), _num(r["params"]),
              _num(None if r["flops_per_token"] is None else r["flops_per_token"] / 1e6, "{:,.2f}"),
              _num(r["kv_cache_bytes_per_token"]), _speed(r, "train_tokens_per_s"), _speed(r, "decode_tokens_per_s")]
             for r in report["groups"]]
+
+
+def _seeds(row: dict) -> str:
+    """A group's runs, and how many of them the loss columns stand on where not all."""
+    n, with_loss = row["seeds"], row.get("with_loss", row["seeds"])
+    return str(n) if with_loss == n else f"{n} ({with_loss} with a val loss)"
 
 
 def compare_rows(report: dict) -> list[list[str]]:
@@ -235,13 +248,22 @@ def compare_rows(report: dict) -> list[list[str]]:
 
 def notes(report: dict) -> list[str]:
     """What the tables cannot be taken at face value for: † caveats of a variant at its size,
-    ‡ size differences, and speeds that cannot be compared."""
+    ‡ size differences, speeds that cannot be compared, and runs the loss figures leave out."""
     out = [f"† {r['group']}: {c}" for r in report["groups"] for c in r.get("caveats") or []]
     if report.get("size_note"):
         flagged = any(r.get("size_differs") for r in report["groups"])
         out.append(("‡ " if flagged else "") + report["size_note"])
     if report.get("speed_note"):
         out.append(report["speed_note"])
+    if report.get("no_loss"):
+        gone = report["no_loss"]
+        out.append(f"{len(gone)} run{'s' if len(gone) > 1 else ''} without a val_loss in summary.json (no evaluation "
+                   "finished, or the file was edited) left out of every loss figure, the comparisons and the scaling "
+                   f"fit: {_some(gone)}.")
+    if report.get("unreadable_metrics"):
+        cut = [f"{path} ({n} line{'s' if n > 1 else ''})" for path, n in report["unreadable_metrics"].items()]
+        out.append("Lines of metrics.jsonl that are not a JSON record (cut short by a crash, or edited) left out of "
+                   f"the validation curves: {_some(cut)}.")
     return out
 
 

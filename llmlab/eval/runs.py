@@ -21,6 +21,7 @@ class Run:
     overrides: list[str]
     seed: Any
     curve: list[tuple[float, float]]  # (tokens, val loss)
+    unreadable_lines: int = 0  # lines of metrics.jsonl that are not a JSON record (cut by a crash, edited)
 
     @cached_property
     def label_overrides(self) -> list[str]:
@@ -78,21 +79,22 @@ def read_run(path: Path) -> Run | None:
     seed = summary.get("seed")
     if seed is None:
         seed = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "seed"), None)
-    curve = []
+    curve, unreadable = [], 0
     metrics = path / "metrics.jsonl"
     if metrics.is_file():
         for line in metrics.read_text(errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
-                continue  # a line cut short by a crash
+                unreadable += 1  # a line cut short by a crash, or edited: left out, and the report says so
+                continue
             if isinstance(rec, dict) and "val/loss" in rec and "train/tokens" in rec:
                 try:
                     curve.append((float(rec["train/tokens"]), float(rec["val/loss"])))
                 except (TypeError, ValueError):
                     raise UserError(f"runs: {metrics}: a val/loss record holds a value that is not a number") from None
     curve.sort()
-    return Run(path, summary, overrides, seed, curve)
+    return Run(path, summary, overrides, seed, curve, unreadable)
 
 
 def read_overrides(path: Path) -> list[str]:

@@ -327,6 +327,9 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     fitted = [r for r in runs if (n := _steps(r)) is None or n >= min_steps]
     unknown = sum(1 for r in runs if _steps(r) is None) if min_steps else 0  # kept, and said
     short = sum(1 for r in fitted if (n := _steps(r)) is not None and n < SHORT_RUN)
+    # a run with a loss but no size or tokens (an older or hand-edited summary.json) cannot be placed
+    unplaced = [str(r.path) for r in fitted if r.summary.get("val_loss") is not None
+                and not (r.summary.get("params_non_embedding") and r.summary.get("tokens"))]
     by_variant = variants(fitted, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
     budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
@@ -341,7 +344,7 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured, "form": form,
             "chosen": {label: c for label, c in chosen.items() if form == "auto"},
             "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
-            "steps_unknown": unknown,
+            "steps_unknown": unknown, "unplaced": unplaced,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
             "crossings": crossings(found, measured) if budgets else [], "holdout": held,
             "next_grid": {label: g for label, g in grids.items() if g}}
@@ -388,6 +391,11 @@ def markdown(section: dict, figure: str | None) -> list[str]:
     if section.get("left_out"):
         out += [f"Left out of the fit: {section['left_out']} of the {section['runs']} runs, those of fewer than "
                 f"{section['min_steps']:,} steps (`min_steps={section['min_steps']}`).", ""]
+    if section.get("unplaced"):
+        gone = section["unplaced"]
+        out += [f"Left out of the fit: {len(gone)} run{'s' if len(gone) > 1 else ''} whose summary.json does not say "
+                f"`params_non_embedding` and `tokens`: {'; '.join(gone[:5])}"
+                + (f"; and {len(gone) - 5} more." if len(gone) > 5 else "."), ""]
     if section.get("steps_unknown"):
         out += [f"{section['steps_unknown']} of the runs do not say their steps (no whole number at `steps` in "
                 "summary.json), so `min_steps` cannot judge them: they are fitted.", ""]
@@ -519,6 +527,9 @@ def figure(section: dict, path: Path) -> Path | None:
 def scaling_lines(section: dict) -> list[str]:
     """The scaling section in a few lines for the terminal (report.md has the tables)."""
     out = []
+    if section.get("unplaced"):
+        out.append(f"scaling: left out of the fit: {len(section['unplaced'])} run(s) whose summary.json does not say "
+                   "params_non_embedding and tokens (report.md names them)")
     for label, c in (section.get("chosen") or {}).items():
         out.append(f"scaling: {label}: surface=auto chose {c['form']} ("
                    + (", ".join(f"{f} {e:+.2%}" for f, e in c["errors"].items())

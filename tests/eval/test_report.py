@@ -182,6 +182,45 @@ def test_a_variants_caveat_is_marked_in_the_report(sweep):
     assert "| model/attention=mha |" in md
 
 
+def test_a_run_without_a_val_loss_is_counted_apart_and_named(sweep, tmp_path):
+    """A summary.json with no val_loss (no evaluation finished, or edited by hand) is not
+    dropped in silence: its group says how many of its runs the loss stands on, and a note
+    names the run, in the terminal and in report.md."""
+    gone = next(d for d in sorted(sweep.iterdir()) if d.name.endswith("mqa_1"))
+    s = json.loads((gone / "summary.json").read_text())
+    del s["val_loss"]
+    (gone / "summary.json").write_text(json.dumps(s))
+    report = build_report(find_runs([sweep]))
+    row = next(g for g in report["groups"] if g["group"] == "model/attention=mqa")
+    assert row["seeds"] == 3 and row["with_loss"] == 2
+    assert row["val_loss_mean"] == pytest.approx((FINAL["mqa"][0] + FINAL["mqa"][2]) / 2)
+    assert report["no_loss"] == [str(gone.resolve())]
+    md = markdown(report, None)
+    assert "| model/attention=mqa ‡ | 3 (2 with a val loss) |" in md
+    assert f"1 run without a val_loss in summary.json" in md and str(gone.resolve()) in md
+    r = run_cli("report", str(sweep), "out=rep", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "1 run without a val_loss" in r.stdout and gone.name in r.stdout
+    mha = next(g for g in report["groups"] if g["group"] == "model/attention=mha")
+    assert mha["with_loss"] == 3 and "| model/attention=mha | 3 |" in md
+
+
+def test_metrics_lines_that_are_not_json_are_counted_and_named(sweep):
+    """A run killed mid-write leaves its last metrics.jsonl line cut short, and a hand edit
+    can break any line: the curve is built from the rest, and the report names the file."""
+    metrics = next(d for d in sorted(sweep.iterdir()) if d.name.endswith("mha_1")) / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], lines[1][:-3] + "#", *lines[2:], '{"step": 31, "val/lo']))
+    runs = find_runs([sweep])
+    (damaged,) = [r for r in runs if r.unreadable_lines]
+    assert damaged.path == metrics.parent.resolve() and damaged.unreadable_lines == 2
+    assert [t for t, _ in damaged.curve] == [2000, 3000]  # the record at 1000 tokens was the edited line
+    report = build_report(runs)
+    assert report["unreadable_metrics"] == {str(metrics.resolve()): 2}
+    assert f"the validation curves: {metrics.resolve()} (2 lines)." in markdown(report, None)
+    assert not build_report(find_runs([sweep / "0_mha_0"]))["unreadable_metrics"]
+
+
 def test_separate_runs_are_labelled_by_what_they_compute_and_the_first_given_is_the_baseline(tmp_path):
     """Watch-only overrides (logger, log interval, sample length, device) are no part of a
     label, as they are no part of the run id; the baseline is the first run named."""

@@ -298,6 +298,29 @@ def test_an_off_centre_size_grid_is_flagged_in_the_report(tmp_path, few_replicat
     assert "off-centre ⚠" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_runs_the_fit_cannot_place_are_named_not_dropped_in_silence(tmp_path, few_replicates):
+    """A run whose summary.json lacks the size or the tokens (an older or hand-edited file)
+    cannot be placed on the surface; one without a val_loss has no loss to fit. Both are left
+    out of the fit, and the report says which runs and why."""
+    fake_sweep(tmp_path / "sweep")
+    summaries = {p.parent.name: p for p in (tmp_path / "sweep").glob("*/summary.json")}
+    for name, key in (("0", "params_non_embedding"), ("1", "tokens"), ("2", "val_loss")):
+        s = json.loads(summaries[name].read_text())
+        del s[key]
+        summaries[name].write_text(json.dumps(s))
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+    section = result["scaling"]
+    unplaced = [str(summaries[n].parent.resolve()) for n in ("0", "1")]
+    assert sorted(section["unplaced"]) == sorted(unplaced)
+    assert result["no_loss"] == [str(summaries["2"].parent.resolve())]
+    total = len(list(summaries))
+    fitted = sum(v["points"] for v in section["variants"].values())
+    assert fitted == total - 3
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Left out of the fit: 2 runs whose summary.json does not say `params_non_embedding` and `tokens`" in md
+    assert all(u in md for u in unplaced) and "1 run without a val_loss" in md
+
+
 def test_no_scaling_section_without_both_axes(tmp_path, few_replicates):
     fake_sweep(tmp_path / "sweep", sizes=(MIDDLE,))
     assert "scaling" not in write_report([tmp_path / "sweep"], None, tmp_path / "out")
