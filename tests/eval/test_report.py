@@ -91,9 +91,13 @@ def test_markdown_and_curves(sweep):
 
 
 def test_report_command_on_a_sweep_directory(sweep, tmp_path):
-    r = run_cli("report", str(sweep), "baseline=mha", "out=rep", process=True, cwd=tmp_path)
+    """From a shell, into a pipe: out of a terminal (a log file, a pipe) the tables are printed
+    whole, not cut to the 60 columns the environment says."""
+    r = run_cli("report", str(sweep), "baseline=mha", "out=rep", process=True, cwd=tmp_path, env={"COLUMNS": "60"})
     assert r.returncode == 0, r.stderr
     assert "model/attention=mqa" in r.stdout and "paired by seed" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if "model/attention=mqa" in line and "3.2167" in line)
+    assert "3.2167 ± " in row and "…" not in r.stdout
     for name in ("report.md", "report.json", "report.png"):
         assert (tmp_path / "rep" / name).is_file()
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["baseline"] == "model/attention=mha"
@@ -121,14 +125,6 @@ def test_groups_follow_job_order_and_labels_count_the_jobs_that_failed(tmp_path)
     others = [["model/attention=mha", "seed=0", "train.steps=30"]]
     assert [g["group"] for g in build_report(runs, others=others)["groups"]] == ["model/attention=mqa"]
     assert list(curves(runs, others)) == ["model/attention=mqa"]
-
-
-def test_piped_tables_are_printed_whole(sweep, tmp_path):
-    """Out of a terminal (a log file, a pipe) the tables are not cut to 80 columns."""
-    r = run_cli("report", str(sweep), "out=rep", process=True, cwd=tmp_path, env={"COLUMNS": "60"})
-    assert r.returncode == 0, r.stderr
-    row = next(line for line in r.stdout.splitlines() if "model/attention=mqa" in line and "3.2167" in line)
-    assert "3.2167 ± " in row and "…" not in r.stdout
 
 
 def test_speeds_carry_their_spread_and_a_contended_group_is_marked(sweep):

@@ -26,8 +26,13 @@ TOLERANCE = 2e-3
 
 
 def train_losses(root: Path) -> list[float]:
+    """The command's train losses, through the CLI in this process (`run_cli`: the code a shell
+    runs, without a second interpreter's 6 s of start-up), on one thread as the tests run."""
+    import torch
+
+    torch.set_num_threads(1)
     (root / "c.txt").write_text("".join(SAMPLE_TEXTS.values()) * 3, encoding="utf-8")
-    done = run_cli(*COMMAND, process=True, cwd=root, env={"OMP_NUM_THREADS": "1"})
+    done = run_cli(*COMMAND, cwd=root, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
     return [r["train/loss"] for r in records if "train/loss" in r]
