@@ -100,5 +100,12 @@ def test_settings_are_checked_before_the_one_file_kinds_load_and_with_them_where
 
     typo = run("train", "train.steps=x")
     assert (typo.stdout, typo.stderr) == ("2 False\n", "llmlab: error: train.steps: expected an integer, got 'x'\n")
+    # the other commands that load a model check their settings before torch too
+    for args, line in ((("sample", "top_p=0"), "top_p: must be in (0, 1], got 0.0"),
+                       (("sample", "pack_weights=maybe"), "pack_weights: must be one of auto, true, false; got 'maybe'"),
+                       (("eval", "analysis=attention", "analysis.windows=0"), "analysis.windows: must be >= 1, got 0"),
+                       (("export", "format=onnx"), "format: unknown 'onnx'; allowed: hf")):
+        r = run(*args)
+        assert (r.stdout, r.stderr) == ("2 False\n", f"llmlab: error: {line}\n"), args
     named = run("train", "pos=alibi", "pos.exponent=x")
     assert (named.stdout, named.stderr) == ("2 True\n", "llmlab: error: pos.exponent: expected a number, got 'x'\n")

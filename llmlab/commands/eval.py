@@ -32,9 +32,9 @@ class EvalConfig(Checked):
     analysis: Any = section()
 
     def check(self, prefix: str) -> None:
-        from llmlab.train.device import resolve_device
+        from llmlab.train.device import check_device
 
-        resolve_device(self.device)
+        check_device(self.device)
 
     def max_windows(self, block: int) -> int | None:
         """The window cap from ``max_batches`` and ``max_tokens`` (the smaller wins)."""

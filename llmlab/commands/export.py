@@ -27,13 +27,13 @@ def run(job: ExportConfig, run_dir: Path) -> None:
     import torch
 
     from llmlab import console
-    from llmlab.export import FORMATS
+    from llmlab.export import exporter
     from llmlab.train.checkpoint import build_model, load_checkpoint
 
     ckpt = load_checkpoint(job.ckpt)
     model = build_model(ckpt, torch.device("cpu"))
     out = Path(job.out).expanduser() if job.out else run_dir / "hf"
-    res = FORMATS[job.format](ckpt, model, out, overwrite=job.overwrite)
+    res = exporter(job.format)(ckpt, model, out, overwrite=job.overwrite)
     console.out.print(f"exported {ckpt.path} as {res['architecture']} ({res['family']} family, "
                       f"{res['params']:,} parameters) to {res['out']}")
     for note in res["notes"]:

@@ -50,11 +50,11 @@ class SampleConfig(Checked):
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def check(self, prefix: str) -> None:
-        from llmlab.model.packing import check_pack
-        from llmlab.train.device import resolve_device
+        from llmlab.model.config import check_pack
+        from llmlab.train.device import check_device
 
         sampling_config(dataclasses.asdict(self))  # its own checks, with sample's top-level keys
-        resolve_device(self.device)
+        check_device(self.device)
         check_pack(self.pack_weights)
         prompt = self.prompt
         if self.prompt_file is None and not (isinstance(prompt, str) or (
@@ -70,7 +70,7 @@ SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "re
 
 
 def sampling_config(cfg: dict):
-    from llmlab.sample.generate import SamplingConfig
+    from llmlab.sample.settings import SamplingConfig
     return parse_dataclass(SamplingConfig, {k: cfg[k] for k in SAMPLING_KEYS if k in cfg}, "")
 
 

@@ -6,12 +6,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from llmlab.errors import UserError
 from llmlab.registry import Registry, bounded
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is not imported here: `llmlab eval` checks its settings (this registry's schemas among
+# them) before it loads torch
 ANALYSIS = Registry("analysis", group="analysis")
 
 

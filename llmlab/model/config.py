@@ -344,3 +344,13 @@ def upgrade_ffn(model: Mapping[str, Any] | None, ffn: Mapping[str, Any] | None) 
     if kind == "moe":
         ffn.update({k: v for k, v in moe.items() if k != "expert_hidden"}, hidden=moe.get("expert_hidden") or hidden)
     return model, ffn
+
+
+# ``pack_weights`` (decoding on the CPU with weights laid out anew: `llmlab.model.packing`),
+# checked here, without torch, with the other settings
+PACK_CHOICES = ("auto", True, False)
+
+
+def check_pack(value, key: str = "pack_weights") -> None:
+    if value not in PACK_CHOICES or isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ConfigError(f"{key}: must be one of auto, true, false; got {value!r}")

@@ -50,13 +50,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmlab.errors import ConfigError
 from llmlab.model.kept import kept_tensors
+from llmlab.model.config import check_pack  # noqa: F401  (checked before torch loads; imported from here too)
 
 # rows the packed layout is tuned for: any hint from 5 to 256 measured alike from 1 to 256 rows
 # (1 is worse from 5 rows on)
 PACK_HINT = 16
-PACK_CHOICES = ("auto", True, False)
 
 _supported: bool | None = None
 # module -> ((weight storage, version), packed weight); weak, so the copy goes with the model
@@ -86,11 +85,6 @@ def _probe() -> bool:
 
 def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-def check_pack(value, key: str = "pack_weights") -> None:
-    if value not in PACK_CHOICES or isinstance(value, (int, float)) and not isinstance(value, bool):
-        raise ConfigError(f"{key}: must be one of auto, true, false; got {value!r}")
 
 
 def should_pack(models: list[nn.Module], enabled="auto") -> bool:

@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from llmlab.errors import UserError
-from llmlab.registry import bounded
 from llmlab.model.attention import decode_attention
 from llmlab.model.packing import packed_linears
 from llmlab.model.transformer import lean_decoding
 from llmlab.sample.graphs import GraphedStep, why_not
-
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = bounded(200, at_least=0)
-    temperature: float = bounded(0.8, at_least=0)  # 0 = greedy
-    top_k: int | None = bounded(None, at_least=1)
-    top_p: float = bounded(1.0, above=0, at_most=1)
-    min_p: float = bounded(0.0, at_least=0, below=1)  # keep tokens with p >= min_p * max p (Nguyen et al. 2024); 0 = off
-    repetition_penalty: float = bounded(1.0, above=0)  # CTRL's penalty on tokens already in the text (Keskar et al. 2019); 1 = off
+from llmlab.sample.settings import SamplingConfig  # noqa: F401  (its home is torch-free; imported from here too)
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) -> torch.Tensor:

@@ -37,6 +37,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def check_device(name: str) -> None:
+    """The ``device`` setting checked as a setting: ``auto`` and ``cpu`` always exist, and
+    need no torch (so a mistake elsewhere in the settings is said before torch loads); any
+    other name is checked by `resolve_device`."""
+    if name not in ("auto", "cpu"):
+        resolve_device(name)
+
+
 # glibc's malloc serves a block above its mmap threshold (128 KiB, raised as such blocks are
 # freed, up to 32 MiB) with fresh pages from the kernel, and gives freed memory at its heap's top
 # back. A training step frees and allocates the same activations every step, so on the CPU it

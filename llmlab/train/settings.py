@@ -120,9 +120,9 @@ class TrainConfig(Checked):
     logger: Any = section()
 
     def check(self, prefix: str) -> None:
-        from llmlab.train.device import resolve_device
+        from llmlab.train.device import check_device
 
-        resolve_device(self.device)  # an unknown or absent device is a config mistake
+        check_device(self.device)  # an unknown or absent device is a config mistake
 
 
 
