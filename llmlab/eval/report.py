@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from llmlab.errors import UserError
-from llmlab.eval.runs import Group, Run, find_runs, group_runs, read_overrides
+from llmlab.eval.runs import Group, Run, find_runs, group_runs, read_overrides, some_of
 from llmlab.eval.stats import mean_ci, paired_t_test, sign_test
 
 MIN_SEEDS_FOR_TESTS = 3
@@ -71,10 +71,6 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
             "no_loss": [str(r.path) for g in groups for r in g.runs if r.summary.get("val_loss") is None],
             "unreadable_metrics": {str(r.path / "metrics.jsonl"): r.unreadable_lines
                                    for g in groups for r in g.runs if r.unreadable_lines}}
-
-
-def _some(items: list[str], shown: int = 5) -> str:
-    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
 
 
 # Groups whose parameters or FLOPs per token differ by more than this share from the baseline's
@@ -259,11 +255,11 @@ def notes(report: dict) -> list[str]:
         gone = report["no_loss"]
         out.append(f"{len(gone)} run{'s' if len(gone) > 1 else ''} without a val_loss in summary.json (no evaluation "
                    "finished, or the file was edited) left out of every loss figure, the comparisons and the scaling "
-                   f"fit: {_some(gone)}.")
+                   f"fit: {some_of(gone)}.")
     if report.get("unreadable_metrics"):
         cut = [f"{path} ({n} line{'s' if n > 1 else ''})" for path, n in report["unreadable_metrics"].items()]
         out.append("Lines of metrics.jsonl that are not a JSON record (cut short by a crash, or edited) left out of "
-                   f"the validation curves: {_some(cut)}.")
+                   f"the validation curves: {some_of(cut)}.")
     return out
 
 

@@ -148,6 +148,11 @@ def read_summary(path: Path) -> dict | None:
     return summary
 
 
+def some_of(items: list[str], shown: int = 5) -> str:
+    """Up to ``shown`` of ``items`` for a one-line note, and how many more there are."""
+    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
+
+
 def natural_key(path: Path) -> list:
     """Sweep jobs in job order: 2_... before 10_..."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]

@@ -15,7 +15,7 @@ import numpy as np
 
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval import scaling as sc
-from llmlab.eval.runs import Run
+from llmlab.eval.runs import Run, some_of
 from llmlab.names import compact_override, parse_flops
 
 BUDGET_KEY = "train.max_flops"
@@ -394,8 +394,7 @@ def markdown(section: dict, figure: str | None) -> list[str]:
     if section.get("unplaced"):
         gone = section["unplaced"]
         out += [f"Left out of the fit: {len(gone)} run{'s' if len(gone) > 1 else ''} whose summary.json does not say "
-                f"`params_non_embedding` and `tokens`: {'; '.join(gone[:5])}"
-                + (f"; and {len(gone) - 5} more." if len(gone) > 5 else "."), ""]
+                f"`params_non_embedding` and `tokens`: {some_of(gone)}.", ""]
     if section.get("steps_unknown"):
         out += [f"{section['steps_unknown']} of the runs do not say their steps (no whole number at `steps` in "
                 "summary.json), so `min_steps` cannot judge them: they are fitted.", ""]
