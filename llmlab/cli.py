@@ -291,7 +291,9 @@ def main(argv: list[str] | None = None) -> None:
             preflight(command, rest, hydra_run_overrides(final))
         except _KindsLoaded:  # the config names a kind written as one file: now loaded, so check again
             preflight(command, rest, hydra_run_overrides(final))
-        Registry.load_all()  # as any command ran before: every kind's option offered to Hydra's own composition
+        if command == "train":  # as train ran before: every kind's option offered to Hydra's own composition
+            Registry.load_all()  # (torch comes with them, which training needs anyway); the other commands
+            # compose with what their check loaded, so a missing checkpoint is one line before torch loads
     rest = final
     app = hydra_app(command, command_of(command))
     sys.argv = [f"llmlab {command}", *rest]

@@ -253,3 +253,18 @@ class RunLock:
 
     def release(self) -> None:
         self._lock.release()
+
+
+def checkpoint_arg(path, key: str = "ckpt") -> Path | None:
+    """A checkpoint setting (``ckpt=``, ``draft=``) as given, checked without torch, so a
+    mistyped path is one line before a command loads it: None for ``latest`` (found among the
+    runs later), else the path, which must exist."""
+    if path is None or str(path) in ("", "None", "???"):
+        raise UserError(f"{key}: no checkpoint given; pass {key}=<checkpoint dir or run dir>")
+    if str(path) == "latest":
+        return None
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise UserError(f"{key}: {p} does not exist")
+    return p
+

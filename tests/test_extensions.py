@@ -107,5 +107,12 @@ def test_settings_are_checked_before_the_one_file_kinds_load_and_with_them_where
                        (("export", "format=onnx"), "format: unknown 'onnx'; allowed: hf")):
         r = run(*args)
         assert (r.stdout, r.stderr) == ("2 False\n", f"llmlab: error: {line}\n"), args
+    # and a checkpoint path that does not exist is found missing before torch too (status 1: a
+    # problem found while running, as a damaged checkpoint is)
+    for args, line in ((("eval", "ckpt=nope"), "ckpt: nope does not exist"),
+                       (("export", "ckpt=nope"), "ckpt: nope does not exist"),
+                       (("sample", f"ckpt={tmp_path}", "draft=nope"), "draft: nope does not exist")):
+        r = run(*args)
+        assert (r.stdout, r.stderr) == ("1 False\n", f"llmlab: error: {line}\n"), args
     named = run("train", "pos=alibi", "pos.exponent=x")
     assert (named.stdout, named.stderr) == ("2 True\n", "llmlab: error: pos.exponent: expected a number, got 'x'\n")

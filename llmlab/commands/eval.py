@@ -47,6 +47,9 @@ class EvalConfig(Checked):
 
 
 def run(job: EvalConfig, run_dir: Path) -> None:
+    from llmlab.files import checkpoint_arg
+
+    checkpoint_arg(job.ckpt)  # a mistyped path is one line before torch loads
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 

@@ -24,6 +24,9 @@ class ExportConfig(Checked):
 
 
 def run(job: ExportConfig, run_dir: Path) -> None:
+    from llmlab.files import checkpoint_arg
+
+    checkpoint_arg(job.ckpt)  # a mistyped path is one line before torch loads
     import torch
 
     from llmlab import console

@@ -138,6 +138,11 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
 
 
 def run(job: SampleConfig, run_dir: Path) -> None:
+    from llmlab.files import checkpoint_arg
+
+    checkpoint_arg(job.ckpt)  # a mistyped path is one line before torch loads
+    if job.draft is not None:
+        checkpoint_arg(job.draft, "draft")
     import torch
 
     from llmlab import console

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
 from llmlab.perf import is_number
-from llmlab.files import clean_stale, disk_error, owned_tmp_dir, replace_dir
+from llmlab.files import checkpoint_arg, clean_stale, disk_error, owned_tmp_dir, replace_dir
 from llmlab.train.recovery import MANIFEST, completeness, fsync_dir
 
 TOKEN_COUNTS = "token_counts.safetensors"
@@ -140,14 +140,8 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
 
 
 def _existing(path) -> Path:
-    if path is None or str(path) in ("", "None", "???"):
-        raise UserError("ckpt: no checkpoint given; pass ckpt=<checkpoint dir or run dir>")
-    if str(path) == "latest":
-        return latest_run_checkpoint(Path("outputs"))
-    p = Path(os.path.expanduser(str(path)))
-    if not p.exists():
-        raise UserError(f"ckpt: {p} does not exist")
-    return p
+    p = checkpoint_arg(path)
+    return latest_run_checkpoint(Path("outputs")) if p is None else p
 
 
 def _is_checkpoint_dir(p: Path) -> bool:
