@@ -30,7 +30,9 @@ DISK_ERRNOS = {errno.ENOSPC: "the device is full", errno.EDQUOT: "the disk quota
                errno.EACCES: "permission denied", errno.EPERM: "permission denied",
                # a run directory edited by hand: move the one in the way aside
                errno.EISDIR: "a directory stands where a file belongs",
-               errno.ENOTDIR: "a file stands where a directory belongs"}
+               errno.ENOTDIR: "a file stands where a directory belongs",
+               # mkdir(exist_ok=True) where a file has the directory's name (export out=<file>/x)
+               errno.EEXIST: "a file stands where a directory belongs"}
 # how libraries that wrap the OS error (torch's zip writer, safetensors) word the same failures
 _MESSAGES = {"no space left": "the device is full", "file too large": "the file-size limit was reached",
              "quota exceeded": "the disk quota is exhausted", "read-only file system": "the file system is read-only",

@@ -445,6 +445,9 @@ def test_export_to_transformers_scores_like_llmlab_eval(trained):
     tokens = np.asarray(transformers.AutoTokenizer.from_pretrained(root / "exported").encode(text), dtype=np.int64)
     assert abs(hf_loss(root / "exported", tokens, 32) - ours) < 1e-4
     one_line_error(run_cli("export", "ckpt=outputs/run", "out=exported", cwd=root), 1, "out:", "overwrite=true")
+    # out= under a file: one line (mkdir of the file's name), as for a run directory
+    one_line_error(run_cli("export", "ckpt=outputs/run", "out=score.txt/hf", cwd=root), 1,
+                   "cannot write a file (score.txt): a file stands where a directory belongs")
     one_line_error(run_cli("export", "ckpt=outputs/run", "format=onnx", cwd=root), 2, "format", "hf")
 
 
