@@ -52,6 +52,7 @@ def test_report_never_resolves_what_a_run_directory_says(trained, tmp_path):
     ("summary-list", "summary.json holds a JSON list, not an object"),
     ("summary-size", "params_non_embedding is 'lots', not a number"),  # the scaling fit's N
     ("summary-tokens", "tokens is -5; it must be > 0"),  # and its D
+    ("summary-seed", "seed is {'a': 1}, not a number or a name"),  # runs are paired by it
 ])
 def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, fragment):
     root, _ = trained
@@ -68,6 +69,8 @@ def test_report_of_a_damaged_run_directory_is_one_line(trained, tmp_path, bad, f
         (run / "summary.json").write_text(json.dumps({**summary, "params_non_embedding": "lots"}))
     elif bad == "summary-tokens":
         (run / "summary.json").write_text(json.dumps({**summary, "tokens": -5}))
+    elif bad == "summary-seed":
+        (run / "summary.json").write_text(json.dumps({**summary, "seed": {"a": 1}}))
     else:
         (run / "summary.json").write_text("[1, 2]")
     one_line_error(run_cli("report", str(run), cwd=tmp_path), 1, fragment)

@@ -145,6 +145,8 @@ def read_summary(path: Path) -> dict | None:
             raise UserError(f"runs: {f}: {key} is {value!r}, not a number")
         if key in POSITIVE_SUMMARY and value is not None and not value > 0:
             raise UserError(f"runs: {f}: {key} is {value!r}; it must be > 0")
+    if isinstance(summary.get("seed"), (list, dict)):  # runs are paired by it
+        raise UserError(f"runs: {f}: seed is {summary['seed']!r}, not a number or a name")
     return summary
 
 
