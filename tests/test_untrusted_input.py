@@ -4,6 +4,7 @@ mistake is one line, never a traceback. Each case here was once a leak or a trac
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -231,6 +232,38 @@ def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained,
     assert f"cache entry {entry} has no readable meta.json: set aside as {aside}" in " ".join(r.stderr.split())
     assert (aside / "train" / "000000.bin").is_file()  # kept as it was
     assert (entry / "meta.json").is_file()  # prepared again
+
+
+@pytest.mark.parametrize("progress, said", [
+    ('{"tokenizer": tru', "it is unreadable (Expecting value"),
+    ("[1, 2]", "it holds a JSON list, not an object"),
+    ('{"tokenizer": "yes"}', "tokenizer is not true or false"),
+    ('{"tokenizer": true, "splits": {"train": {"shards": 7}}}', "splits.train lacks its done flag or its list of shards"),
+    # a shard's name is opened under the split's directory: a path there is refused
+    ('{"tokenizer": true, "splits": {"train": {"done": false, "shards": [{"file": "../../x", "tokens": 1, '
+     '"bytes": 1, "docs": 1, "crc32": 1, "position": 1}]}}}', "splits.train.shards[0].file is '../../x'"),
+])
+def test_a_damaged_progress_json_sets_the_interrupted_build_aside_and_starts_again(trained, tmp_path, progress, said):
+    """An interrupted preparation continues from its progress.json; one that is damaged or
+    edited cannot be trusted with the files beside it, so they are moved aside, with a
+    warning that names the field, and the data is prepared again (it was a traceback, or a
+    build that went on from the edited record)."""
+    root, _ = trained
+    cache = tmp_path / ".cache"
+    shutil.copytree(root / ".cache", cache)
+    (entry,) = [p for p in cache.iterdir() if (p / "meta.json").is_file()]
+    partial = cache / f".partial-{entry.name}"  # the entry as a killed build leaves it: no meta.json yet
+    os.rename(entry, partial)
+    (partial / "meta.json").unlink()
+    (partial / "progress.json").write_text(progress)
+    r = run_cli("tokenize", "data=text", f"data.paths=[{root / 'corpus'}/*]", "tokenizer=byte", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    (aside,) = [p for p in cache.iterdir() if p.name.startswith(f".damaged-partial-{entry.name}-")]
+    line = " ".join(r.stderr.split())
+    assert f"an interrupted preparation of {entry.name} has a damaged progress.json ({said}" in line
+    assert f"set aside as {aside}" in line
+    assert (aside / "progress.json").read_text() == progress and (aside / "train" / "000000.bin").is_file()
+    assert (entry / "meta.json").is_file() and not partial.exists()  # prepared again, from the start
 
 
 @pytest.mark.parametrize("field, value, named", [

@@ -24,7 +24,7 @@ from llmlab import console
 from llmlab.data.corpus import SPLITS, Corpus
 from llmlab.data.documents import Document, pieces
 from llmlab.data.encode import encode_batches
-from llmlab.data.shards import SplitWriter, token_dtype
+from llmlab.data.shards import SplitWriter, shard_name, token_dtype
 from llmlab.data.tokenizer import TextTokenizer
 from llmlab.data.train_tokenizer import train_tokenizer
 from llmlab.errors import UserError
@@ -292,8 +292,65 @@ def lock_partial(partial: Path, key: str, quiet: bool):
     return f
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shard_problem(split: str, i: int, entry) -> str | None:
+    where = f"splits.{split}.shards[{i}]"
+    if not isinstance(entry, dict):
+        return f"{where} is not a mapping"
+    if entry.get("file") != shard_name(i):  # a name is opened under the split's directory: never a path
+        return f"{where}.file is {entry.get('file')!r}, not {shard_name(i)!r}"
+    for key in ("tokens", "bytes", "docs", "crc32", "position"):
+        if not _count(entry.get(key)):
+            return f"{where}.{key} is {entry.get(key)!r}, not a count"
+    if not isinstance(entry.get("open_text", False), bool):
+        return f"{where}.open_text is not true or false"
+    return None
+
+
+def progress_problem(partial: Path) -> str | None:
+    """What is wrong with a partial build's ``progress.json`` (None: there is none, or it has
+    the shape `Builder` writes). Checked before a build continues from it, so a hand-edited or
+    damaged one is said, not half-used."""
+    path = partial / "progress.json"
+    if not path.exists():
+        return None
+    try:
+        progress = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"it is unreadable ({(str(e).splitlines() or [type(e).__name__])[0]})"
+    if not isinstance(progress, dict):
+        return f"it holds a JSON {type(progress).__name__}, not an object"
+    if not isinstance(progress.get("tokenizer", False), bool):
+        return "tokenizer is not true or false"
+    if not isinstance(progress.get("eos"), (str, type(None))):
+        return "eos is not a string or null"
+    sample = progress.get("tokenizer_sample")
+    if sample is not None and not (isinstance(sample, dict) and all(_count(sample.get(k)) for k in ("bytes", "read", "of"))):
+        return "tokenizer_sample is not a mapping of byte counts"
+    timings = progress.get("timings", {})
+    if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                for v in timings.values()):
+        return "timings is not a mapping of seconds"
+    splits = progress.get("splits", {})
+    if not isinstance(splits, dict):
+        return "splits is not a mapping"
+    for split, state in splits.items():
+        if split not in SPLITS or not isinstance(state, dict):
+            return f"splits.{split} is not a split's record"
+        if not isinstance(state.get("done"), bool) or not isinstance(state.get("shards"), list):
+            return f"splits.{split} lacks its done flag or its list of shards"
+        for i, entry in enumerate(state["shards"]):
+            if (problem := _shard_problem(split, i, entry)) is not None:
+                return problem
+    return None
+
+
 def describe_resume(partial: Path) -> str | None:
-    """What a partial build holds, for the line that says a run continues it."""
+    """What a partial build holds, for the line that says a run continues it (its
+    ``progress.json`` checked first: `progress_problem`)."""
     try:
         progress = json.loads((partial / "progress.json").read_text())
     except (OSError, ValueError):
