@@ -243,6 +243,11 @@ def _group_value_error(overrides: list[str], command: str = "train") -> str | No
     return None
 
 
+# Hydra's settings that place a run's files: an empty value puts them in the working directory
+# (a sweep's subdir: every job in one directory)
+RUN_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     RESOLVED.clear()  # one command line's jobs (several calls share a process in tests and notebooks)
@@ -271,6 +276,11 @@ def main(argv: list[str] | None = None) -> None:
             listed = f", or write a list as {key}=[{value}]" if "(" not in value else ""
             fail(f"{key}: '{value}' gives several values, which sweep only with -m "
                  f"(llmlab {command} -m {sweep}); give one value{listed}", 2)
+    for arg in rest:  # `hydra.run.dir=$RUN` with $RUN unset would make this directory the run's
+        key, eq, value = arg.lstrip("+").partition("=")
+        if eq and key in RUN_DIR_KEYS and value.strip().strip("'\"") == "":
+            fail(f"{key}: empty; give a directory" + (" per job, or leave it out (each job has its own by default)"
+                                                      if key.endswith("subdir") else f" ({key}=. for this one)"), 2)
     showing = bool({"--cfg", "-c", "--info"} & set(rest))
     helping = bool({"--help", "-h"} & set(rest))
     # The kinds written as one file import torch with them (3-4 s): --help lists them all, the

@@ -161,6 +161,10 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "hydra.job.chdir=maybe"], ["hydra.job.chdir: expected true or false, got 'maybe'"]),
     # null where a setting takes none: the type it takes, not OmegaConf's "is not Optional"
     (["train", "train.steps=null"], ["train.steps: expected an integer, got null"]),
+    # `hydra.run.dir=$RUN` with $RUN unset: the run's files would land in the working directory
+    (["train", "hydra.run.dir="], ["hydra.run.dir: empty; give a directory (hydra.run.dir=. for this one)"]),
+    (["eval", "hydra.run.dir=''"], ["hydra.run.dir: empty"]),
+    (["train", "-m", "seed=0,1", "hydra.sweep.subdir="], ["hydra.sweep.subdir: empty; give a directory per job"]),
     (["sample", "cuda_graph=null"], ["cuda_graph: expected true or false, got null"]),
     (["train", "-m", "seed=0,1", "hydra/launcher=parallel"], ["hydra/launcher=parallel: unknown option", "basic"]),
 ])
