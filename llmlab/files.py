@@ -269,4 +269,3 @@ def checkpoint_arg(path, key: str = "ckpt") -> Path | None:
     if not p.exists():
         raise UserError(f"{key}: {p} does not exist")
     return p
-
