@@ -52,7 +52,7 @@ def build_report(runs: list[Run], baseline: str | int | None = None, others: lis
         at_ci = mean_ci(at) if at else None
         first = g.runs[0].summary
         rows.append({
-            "group": g.label, "seeds": len(g.runs), "with_loss": len(finals), "runs": [str(r.path) for r in g.runs],
+            "group": g.label, "seeds": len(g.runs), "runs": [str(r.path) for r in g.runs],
             "val_loss_mean": ci.mean if ci else None, "val_loss_ci95": ci.half_width if ci else None,
             "val_loss_values": finals,
             "val_loss_at_matched_mean": at_ci.mean if at_ci else None,
@@ -233,7 +233,7 @@ def table_rows(report: dict) -> list[list[str]]:
 
 def _seeds(row: dict) -> str:
     """A group's runs, and how many of them the loss columns stand on where not all."""
-    n, with_loss = row["seeds"], row.get("with_loss", row["seeds"])
+    n, with_loss = row["seeds"], len(row["val_loss_values"])
     return str(n) if with_loss == n else f"{n} ({with_loss} with a val loss)"
 
 

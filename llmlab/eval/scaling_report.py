@@ -94,12 +94,17 @@ def variants(runs: list[Run], drop: set[str]) -> dict[str, list[Run]]:
     return out
 
 
+def _placed(summary: dict) -> bool:
+    """Whether a run says where it sits on the surface: its size N and its tokens D."""
+    return bool(summary.get("params_non_embedding") and summary.get("tokens"))
+
+
 def cells_of(runs: list[Run]) -> list[sc.Cell]:
     """The runs as design cells: one per (size, budget, tokens), holding each seed's loss."""
     by: dict[tuple, list[Run]] = {}
     for r in runs:
         s = r.summary
-        if s.get("val_loss") is None or not s.get("params_non_embedding") or not s.get("tokens"):
+        if s.get("val_loss") is None or not _placed(s):
             continue
         text = _value(r, BUDGET_KEY)
         try:  # read as train reads it (1e15*6 too)
@@ -179,12 +184,9 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
         return None
     train, held = split
     top = budgets[-1]
-    tn, td, ty = sc.runs_of(train)
-    fit = sc.fit_surface(tn, td, ty, form=form)
-    best = min(held, key=lambda c: float(np.mean(c.losses)))
+    fit, best, (n, d), at_held = _prediction(train, held, form)
     observed = float(np.mean(best.losses))
-    n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
-    at_held = fit.loss(n, d)
+    tn, td, _ = sc.runs_of(train)
     # a parametric bootstrap: runs drawn about the fit with the runs' own noise (Student t, as
     # the spread is itself estimated from few runs), refitted; plus the noise of the observed mean
     rng = np.random.default_rng(1)
@@ -215,6 +217,15 @@ def _below_and_at(cells: list[sc.Cell], top: float) -> tuple[list[sc.Cell], list
     return train, held
 
 
+def _prediction(train: list[sc.Cell], held: list[sc.Cell], form: str):
+    """A surface of ``form`` fitted on ``train``; the held cell with the best observed loss; the
+    held cells' sizes and tokens; and the fit's loss at each (its minimum: the predicted best)."""
+    fit = sc.fit_surface(*sc.runs_of(train), form=form)
+    best = min(held, key=lambda c: float(np.mean(c.losses)))
+    n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
+    return fit, best, (n, d), fit.loss(n, d)
+
+
 def choose_form(cells: list[sc.Cell], budgets: list[float]) -> dict:
     """``surface=auto``: the form (`scaling.FORMS`) whose fit on every budget but the two
     largest predicts the second largest budget's best loss closest. The largest budget, which
@@ -226,12 +237,10 @@ def choose_form(cells: list[sc.Cell], budgets: list[float]) -> dict:
     if (split := _below_and_at(cells, top)) is None:
         return {"form": sc.FORMS[0], "why": f"too few runs below {top:.3g} FLOPs for a nested hold-out"}
     train, held = split
-    observed = min(float(np.mean(c.losses)) for c in held)
-    n, d = np.array([c.n for c in held]), np.array([c.d for c in held])
     errors = {}
     for form in sc.FORMS:
-        fit = sc.fit_surface(*sc.runs_of(train), form=form)
-        errors[form] = observed / float(np.min(fit.loss(n, d))) - 1
+        _, best, _, at_held = _prediction(train, held, form)
+        errors[form] = float(np.mean(best.losses)) / float(np.min(at_held)) - 1
     return {"form": min(sc.FORMS, key=lambda f: abs(errors[f])), "fitted_on": inner, "budget": top, "errors": errors}
 
 
@@ -328,8 +337,7 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     unknown = sum(1 for r in runs if _steps(r) is None) if min_steps else 0  # kept, and said
     short = sum(1 for r in fitted if (n := _steps(r)) is not None and n < SHORT_RUN)
     # a run with a loss but no size or tokens (an older or hand-edited summary.json) cannot be placed
-    unplaced = [str(r.path) for r in fitted if r.summary.get("val_loss") is not None
-                and not (r.summary.get("params_non_embedding") and r.summary.get("tokens"))]
+    unplaced = [str(r.path) for r in fitted if r.summary.get("val_loss") is not None and not _placed(r.summary)]
     by_variant = variants(fitted, drop)
     all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
     budgets = sorted({c.budget for cells in all_cells.values() for c in cells})

@@ -188,7 +188,7 @@ def test_a_run_without_a_val_loss_is_counted_apart_and_named(sweep, tmp_path):
     (gone / "summary.json").write_text(json.dumps(s))
     report = build_report(find_runs([sweep]))
     row = next(g for g in report["groups"] if g["group"] == "model/attention=mqa")
-    assert row["seeds"] == 3 and row["with_loss"] == 2
+    assert row["seeds"] == 3 and len(row["val_loss_values"]) == 2
     assert row["val_loss_mean"] == pytest.approx((FINAL["mqa"][0] + FINAL["mqa"][2]) / 2)
     assert report["no_loss"] == [str(gone.resolve())]
     md = markdown(report, None)
@@ -198,7 +198,7 @@ def test_a_run_without_a_val_loss_is_counted_apart_and_named(sweep, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "1 run without a val_loss" in r.stdout and gone.name in r.stdout
     mha = next(g for g in report["groups"] if g["group"] == "model/attention=mha")
-    assert mha["with_loss"] == 3 and "| model/attention=mha | 3 |" in md
+    assert len(mha["val_loss_values"]) == 3 and "| model/attention=mha | 3 |" in md
 
 
 def test_metrics_lines_that_are_not_json_are_counted_and_named(sweep):
