@@ -113,16 +113,16 @@ class Progress:
 
 
 class Builder:
-    """Builds (or continues building) one cache entry in ``partial``."""
+    """Builds (or continues building, from ``progress``) one cache entry in ``partial``."""
 
-    def __init__(self, corpus: Corpus, factory, partial: Path, workers: int | None, quiet: bool, shard_tokens: int):
+    def __init__(self, corpus: Corpus, factory, partial: Path, workers: int | None, quiet: bool, shard_tokens: int,
+                 progress: dict[str, Any]):
         size = corpus.size("train")
         # a corpus known to be small is read once, for the tokenizer and the encoding both
         corpus = _Held(corpus) if size is not None and size < SMALL_SPLIT else corpus
         self.corpus, self.factory, self.partial, self.quiet = corpus, factory, partial, quiet
         self.workers, self.shard_tokens = workers, shard_tokens
-        path = partial / "progress.json"
-        self.progress: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        self.progress = progress  # what an interrupted build got done (`read_progress`), carried on
 
     def save_progress(self) -> None:
         atomic_write_text(self.partial / "progress.json", json.dumps(self.progress, indent=1))
@@ -310,17 +310,21 @@ def _shard_problem(split: str, i: int, entry) -> str | None:
     return None
 
 
-def progress_problem(partial: Path) -> str | None:
-    """What is wrong with a partial build's ``progress.json`` (None: there is none, or it has
-    the shape `Builder` writes). Checked before a build continues from it, so a hand-edited or
-    damaged one is said, not half-used."""
+def read_progress(partial: Path) -> tuple[dict[str, Any], str | None]:
+    """A partial build's ``progress.json`` (empty where there is none), and what is wrong with
+    it (None: nothing; it has the shape `Builder` writes). Checked before a build continues
+    from it, so a hand-edited or damaged one is said, not half-used."""
     path = partial / "progress.json"
     if not path.exists():
-        return None
+        return {}, None
     try:
         progress = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        return f"it is unreadable ({(str(e).splitlines() or [type(e).__name__])[0]})"
+        return {}, f"it is unreadable ({(str(e).splitlines() or [type(e).__name__])[0]})"
+    return (progress, None) if (problem := _progress_problem(progress)) is None else ({}, problem)
+
+
+def _progress_problem(progress) -> str | None:
     if not isinstance(progress, dict):
         return f"it holds a JSON {type(progress).__name__}, not an object"
     if not isinstance(progress.get("tokenizer", False), bool):
@@ -348,14 +352,10 @@ def progress_problem(partial: Path) -> str | None:
     return None
 
 
-def describe_resume(partial: Path) -> str | None:
-    """What a partial build holds, for the line that says a run continues it (its
-    ``progress.json`` checked first: `progress_problem`)."""
-    try:
-        progress = json.loads((partial / "progress.json").read_text())
-    except (OSError, ValueError):
-        return None
-    shards = sum(len(s.get("shards", [])) for s in progress.get("splits", {}).values())
+def describe_resume(progress: dict[str, Any]) -> str | None:
+    """What a partial build holds (its checked progress, `read_progress`), for the line that
+    says a run continues it."""
+    shards = sum(len(s["shards"]) for s in progress.get("splits", {}).values())
     if not progress.get("tokenizer"):
         return None
     return f"the tokenizer and {shards} finished shard{'s' if shards != 1 else ''}"

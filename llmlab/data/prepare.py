@@ -105,7 +105,7 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
     """Return the cache entry for these settings, building it if it does not exist yet (or
     continuing the build a killed run left). ``data`` and ``tokenizer``: their typed Configs
     (a resolved job's), or plain mappings, checked here."""
-    from llmlab.data.build import Builder, check_empty, describe_resume, lock_partial, progress_problem
+    from llmlab.data.build import Builder, check_empty, describe_resume, lock_partial, read_progress
 
     data_cfg = data if is_dataclass(data) else CORPUS.config(data, "data")
     tok_cfg = tokenizer if is_dataclass(tokenizer) else TOKENIZER.config(tokenizer, "tokenizer")
@@ -132,7 +132,7 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
                 os.rename(final, aside)
                 console.err.print(f"cache entry {final} has no readable meta.json: set aside as {aside} (delete it "
                                   "when you no longer need it); preparing the data again", style="yellow")
-            problem = progress_problem(partial)
+            progress, problem = read_progress(partial)
             if problem is not None:  # nothing of it can be trusted: set its files aside, said, and start again
                 aside = root / f".damaged-partial-{key}-{time.strftime('%Y%m%d-%H%M%S')}"
                 aside.mkdir()
@@ -142,10 +142,10 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
                 console.err.print(f"an interrupted preparation of {key} has a damaged progress.json ({problem}): its "
                                   f"files are set aside as {aside} (delete it when you no longer need it); preparing "
                                   "the data again", style="yellow")
-            held = describe_resume(partial)
+            held = describe_resume(progress)
             if held and not quiet:
                 console.err.print(f"continuing an interrupted preparation of {key}: {held} are kept", highlight=False)
-            builder = Builder(corpus, factory, partial, data_cfg.workers, quiet, data_cfg.shard_tokens)
+            builder = Builder(corpus, factory, partial, data_cfg.workers, quiet, data_cfg.shard_tokens, progress)
             meta = {"version": FORMAT_VERSION, **builder.build(),
                     "settings": {"data": asdict(data_cfg), "tokenizer": asdict(tok_cfg)},
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key": key}
