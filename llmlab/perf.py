@@ -10,6 +10,7 @@ figure is not marked either way.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -115,3 +116,13 @@ def is_number(value) -> bool:
     """An int or float, not a bool: what a record read back from a file (metrics.jsonl,
     state.json) must hold where a figure belongs."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value) -> bool:
+    """An int >= 0, not a bool: a count of tokens, bytes, documents or positions read back."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_seconds(value) -> bool:
+    """A finite number >= 0: a duration read back."""
+    return is_number(value) and math.isfinite(value) and value >= 0

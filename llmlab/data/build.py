@@ -29,6 +29,7 @@ from llmlab.data.tokenizer import TextTokenizer
 from llmlab.data.train_tokenizer import train_tokenizer
 from llmlab.errors import UserError
 from llmlab.files import atomic_write_text
+from llmlab.perf import is_count, is_seconds
 
 BATCH_CHARS = 1 << 20  # text per encoding batch
 SMALL_SPLIT = 16 << 20  # bytes below which the default encodes in this process (workers cost a start)
@@ -183,7 +184,7 @@ class Builder:
         if self.workers is not None:
             return self.workers
         size = self.corpus.size(split)
-        return 0 if size is not None and size < SMALL_SPLIT else (os.cpu_count() or 1)
+        return 0 if size is not None and size < SMALL_SPLIT else (os.cpuis_count() or 1)
 
     def encode(self, split: str, tok: TextTokenizer, dtype: np.dtype, bar) -> dict[str, Any]:
         state = self.progress.setdefault("splits", {}).setdefault(split, {"shards": [], "done": False})
@@ -292,10 +293,6 @@ def lock_partial(partial: Path, key: str, quiet: bool):
     return f
 
 
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _shard_problem(split: str, i: int, entry) -> str | None:
     where = f"splits.{split}.shards[{i}]"
     if not isinstance(entry, dict):
@@ -303,7 +300,7 @@ def _shard_problem(split: str, i: int, entry) -> str | None:
     if entry.get("file") != shard_name(i):  # a name is opened under the split's directory: never a path
         return f"{where}.file is {entry.get('file')!r}, not {shard_name(i)!r}"
     for key in ("tokens", "bytes", "docs", "crc32", "position"):
-        if not _count(entry.get(key)):
+        if not is_count(entry.get(key)):
             return f"{where}.{key} is {entry.get(key)!r}, not a count"
     if not isinstance(entry.get("open_text", False), bool):
         return f"{where}.open_text is not true or false"
@@ -332,11 +329,10 @@ def _progress_problem(progress) -> str | None:
     if not isinstance(progress.get("eos"), (str, type(None))):
         return "eos is not a string or null"
     sample = progress.get("tokenizer_sample")
-    if sample is not None and not (isinstance(sample, dict) and all(_count(sample.get(k)) for k in ("bytes", "read", "of"))):
+    if sample is not None and not (isinstance(sample, dict) and all(is_count(sample.get(k)) for k in ("bytes", "read", "of"))):
         return "tokenizer_sample is not a mapping of byte counts"
     timings = progress.get("timings", {})
-    if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                for v in timings.values()):
+    if not isinstance(timings, dict) or not all(is_seconds(v) for v in timings.values()):
         return "timings is not a mapping of seconds"
     splits = progress.get("splits", {})
     if not isinstance(splits, dict):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import time
@@ -200,11 +199,7 @@ def check_meta(meta: dict[str, Any], entry: Path) -> None:
         raise UserError(f"data: {entry / 'meta.json'}: {field} must be {expected}; the cache entry is damaged: delete "
                         f"{entry} and run again to prepare the data anew")
 
-    def count(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    def seconds(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    from llmlab.perf import is_count as count, is_seconds as seconds
 
     if not count(meta.get("vocab_size")) or meta["vocab_size"] < 1:
         bad("vocab_size", "a positive integer")
