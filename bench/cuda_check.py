@@ -9,7 +9,10 @@ For each attention kind (RoPE positions): greedy decoding with the KV cache give
 decoding without it; the cached, one-token-at-a-time logits match a full forward; a model that
 decoded first (inference mode, RoPE's table grown there) trains to the gradients of one that
 never decoded; decoding with its step replayed as a CUDA graph gives the tokens of launching
-each kernel (mha and gqa; mla says why it cannot); and (for mla) a ``torch.compile``d training step gives the eager loss.
+each kernel (where a kind's step can be recorded; the others say why not); and (for mla and
+dsa) a ``torch.compile``d training step gives the eager loss. The kinds are mha, gqa, mla, swa
+(a rolling cache) and dsa (the indexer's top-k over an mla base). Last, ``optim=muon`` trains a
+fixed batch on the GPU: its loss must fall to under half, with every weight finite.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ import torch
 from bench.common import write_result
 
 KINDS = {"mha": {"kind": "mha"}, "gqa": {"kind": "gqa", "kv_heads": 2},
-         "mla": {"kind": "mla", "kv_rank": 32, "rope_dim": 8, "nope_dim": 8, "v_dim": 16}}
+         "mla": {"kind": "mla", "kv_rank": 32, "rope_dim": 8, "nope_dim": 8, "v_dim": 16},
+         "swa": {"kind": "swa", "window": 5, "kv_heads": 2},
+         "dsa": {"kind": "dsa", "topk": 4, "index_heads": 2, "index_dim": 8, "q_rank": 12, "kv_rank": 16,
+                 "rope_dim": 4, "nope_dim": 8, "v_dim": 8}}
+COMPILED = ("mla", "dsa")  # one compile each (the slowest part): RoPE inside attention, and the indexer's top-k
 
 
 def model(attention: dict, device: str, seed: int = 0):
@@ -71,7 +78,7 @@ def check(name: str, attention: dict, device: str) -> dict:
     gdiff = max((a.grad - b.grad).abs().max().item() for a, b in zip(decoded.parameters(), fresh.parameters()))
     out["train_after_decode_grad_max_diff"] = gdiff
     out["train_after_decode_ok"] = gdiff < 1e-5
-    if name != "mla":  # one compile (the slowest part, about a minute): the kind with RoPE inside attention
+    if name not in COMPILED:
         print(name, out, flush=True)
         return out
     eager = model(attention, device)
@@ -83,6 +90,32 @@ def check(name: str, attention: dict, device: str) -> dict:
     return out
 
 
+def muon_check(device: str) -> dict:
+    """``optim=muon`` (Newton-Schulz in bf16 on CUDA, torch's own Muon) lowers the loss of a
+    fixed batch as AdamW does, and every weight stays finite."""
+    from llmlab.train.optim import OPTIMIZER, build_optimizer
+
+    out: dict = {}
+    if not hasattr(torch.optim, "Muon"):
+        return {"muon": f"torch {torch.__version__} has no torch.optim.Muon"}
+    batch = torch.randint(0, 97, (4, 65), device=device, generator=torch.Generator(device).manual_seed(2))
+    for kind in ("adamw", "muon"):
+        m = model({"kind": "mha"}, device)
+        opt = build_optimizer(OPTIMIZER.config({"kind": kind}, "optim"), m, torch.device(device))
+        losses = []
+        for _ in range(30):
+            loss = m(batch[:, :-1], batch[:, 1:]).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        out[kind] = {"first": losses[0], "last": losses[-1],
+                     "finite": all(bool(p.isfinite().all()) for p in m.parameters())}
+    out["muon_ok"] = out["muon"]["finite"] and out["muon"]["last"] < 0.5 * out["muon"]["first"]
+    print("optim=muon", out, flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -90,6 +123,7 @@ def main() -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("bench.cuda_check: no CUDA GPU here")
     results = {name: check(name, attention, device) for name, attention in KINDS.items()}
+    results["optim=muon"] = muon_check(device)
     ok = all(v for r in results.values() for k, v in r.items() if k.endswith("_ok") or k == "cache_equals_no_cache")
     write_result("cuda_check" if device.startswith("cuda") else f"cuda_check_{device}", {
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device, "torch": torch.__version__, "ok": ok,

@@ -6,10 +6,17 @@ runs them, on random tokens (no data pipeline, no tokenizer).
 
 A variant's name lists its changes from the default path: ``cudnn`` or ``flash`` pins the
 SDPA backend (left alone, SDPA picks cuDNN's fused attention on Hopper), ``bs64`` doubles the
-micro-batch, ``autotune`` compiles with max-autotune-no-cudagraphs, ``cdt`` turns on
+micro-batch (``bsN``: N sequences), ``autotune`` compiles with max-autotune-no-cudagraphs, ``cdt`` turns on
 inductor's coordinate-descent tuning of its generated kernels, ``plainloss`` computes the loss
 from materialised logits instead of the fused `linear_cross_entropy` that ``llmlab train``
-uses, ``cg`` compiles with mode="reduce-overhead" (CUDA graphs).
+uses, ``cg`` compiles with mode="reduce-overhead" (CUDA graphs), ``mix`` (``nomix``) turns on
+(off) inductor's mixed-order reductions (a norm's backward and its weight gradient in one
+kernel; the default depends on the torch version), ``combo``
+its combo kernels (independent small kernels launched as one), ``agg`` its aggressive
+fusion (fusing kernels that share no memory access), and ``bf16`` keeps weights and
+activations in bf16 without autocast, residual stream included: not how ``llmlab train`` runs,
+but the most that a bf16 residual stream could save in the generated kernels; ``res16``
+keeps autocast and fp32 weights but casts the residual stream to bf16 before the first block.
 
 Each variant is compiled afresh and timed with CUDA events (median step over --steps after
 warm-up). MFU counts the model's own FLOPs per token over the dense bf16 peak of the card.
@@ -23,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import statistics
 import time
 from contextlib import nullcontext
@@ -33,6 +41,13 @@ import torch
 from bench.common import train_config, write_result
 
 GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024"]
+
+
+try:  # this torch's own choice, for the variants without ``mix``
+    import torch._inductor.config as _inductor_config
+    MIX_DEFAULT = bool(getattr(_inductor_config.triton, "mix_order_reduction", False))
+except ImportError:
+    MIX_DEFAULT = False
 
 
 def config(overrides: list[str]) -> dict:
@@ -53,11 +68,17 @@ def run_variant(name: str, args, vocab: int) -> dict:
     from llmlab.train.mfu import device_peak_flops
     from llmlab.train.optim import OPTIMIZER, build_optimizer
 
-    batch = 64 if "bs64" in name else args.batch_size
+    sized = re.search(r"bs(\d+)", name)
+    batch = int(sized.group(1)) if sized else args.batch_size
     backend = "CUDNN_ATTENTION" if "cudnn" in name else ("FLASH_ATTENTION" if "flash" in name else None)
     mode = "max-autotune-no-cudagraphs" if "autotune" in name else ("reduce-overhead" if "cg" in name else None)
     want_logits = "plainloss" in name
     inductor_config.coordinate_descent_tuning = "cdt" in name
+    if hasattr(inductor_config.triton, "mix_order_reduction"):
+        inductor_config.triton.mix_order_reduction = False if "nomix" in name else ("mix" in name or MIX_DEFAULT)
+    inductor_config.combo_kernels = "combo" in name
+    inductor_config.aggressive_fusion = "agg" in name
+    pure_bf16 = "bf16" in name
     # the compile caches' keys leave out the SDPA backend pin, so a cached graph of another
     # variant would run its attention kernel instead (pytorch/pytorch#185449)
     inductor_config.force_disable_caches = True
@@ -65,6 +86,10 @@ def run_variant(name: str, args, vocab: int) -> dict:
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Transformer(ModelSpec.from_config(cfg, vocab)).cuda()
+    if pure_bf16:
+        model = model.to(torch.bfloat16)
+    if "res16" in name:  # autocast as before, but the residual stream in bf16 from the first block on
+        model.blocks[0].register_forward_pre_hook(lambda mod, args: (args[0].to(torch.bfloat16), *args[1:]))
     step_model = torch.compile(model, mode=mode)
     opt = build_optimizer(OPTIMIZER.config(cfg["optim"], "optim"), model, torch.device("cuda"))
     T = cfg["model"]["max_seq_len"]
@@ -74,7 +99,7 @@ def run_variant(name: str, args, vocab: int) -> dict:
         b = batches[i % len(batches)]
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        with sdpa_context(backend), torch.autocast("cuda", dtype=torch.bfloat16):
+        with sdpa_context(backend), torch.autocast("cuda", dtype=torch.bfloat16, enabled=not pure_bf16):
             loss = step_model(b[:, :-1], b[:, 1:], logits=want_logits).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -158,7 +183,8 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    result = {"gpu": torch.cuda.get_device_name(), "vocab": args.vocab, "rows": rows}
+    result = {"gpu": torch.cuda.get_device_name(), "vocab": args.vocab, "mix_order_reduction_default": MIX_DEFAULT,
+              "rows": rows}
     path = write_result(args.name, result)
     if os.environ.get("OUT"):
         (Path(os.environ["OUT"]) / path.name).write_text(path.read_text())
