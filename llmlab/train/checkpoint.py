@@ -109,25 +109,55 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
         raise
     if keep:
         found = list_checkpoints(ckpt_root)
-        best = best_checkpoint(ckpt_root)
+        best, unranked = rank_checkpoints(ckpt_root)
         for old in found[:-keep]:
-            if old != best:  # the last `keep` and the best by validation loss stay
-                shutil.rmtree(old, ignore_errors=True)
+            if old == best:  # the last `keep` and the best by validation loss stay
+                continue
+            if old in unranked:  # it might be the best: kept, and said once
+                if old not in _SAID_KEPT:
+                    from llmlab import console
+                    console.err.print(f"ckpt: keeping {old} past train.keep_checkpoints={keep}: {unranked[old]}, so it cannot "
+                                      "be ranked against the best; delete it by hand if it is not wanted",
+                                      style="yellow")
+                    _SAID_KEPT.add(old)
+                continue
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def best_checkpoint(ckpt_root: Path) -> Path | None:
     """The checkpoint whose state records the lowest validation loss, if any recorded one."""
-    scored = []
+    return rank_checkpoints(ckpt_root)[0]
+
+
+def rank_checkpoints(ckpt_root: Path) -> tuple[Path | None, dict[Path, str]]:
+    """The checkpoint with the lowest recorded validation loss (None if none recorded a
+    finite one), and the checkpoints that cannot be ranked because their ``state.json`` is
+    not what a save writes (unreadable, not JSON, not mappings, a loss that is not a number),
+    each with what is wrong. A checkpoint saved before any evaluation, or whose loss is NaN
+    or infinite (a diverged run), has no score and is not among the unranked."""
+    scored, unranked = [], {}
     for path in list_checkpoints(ckpt_root):
         try:
-            val = json.loads((path / "state.json").read_text()).get("val") or {}
-            loss = val.get("val/loss")
-        except (OSError, ValueError, AttributeError):  # unreadable, or not the mappings a save writes
+            state = json.loads((path / "state.json").read_text())
+        except OSError as e:
+            unranked[path] = f"its state.json cannot be read ({e.strerror or e})"
             continue
-        if is_number(loss) and math.isfinite(loss):
+        except ValueError:
+            unranked[path] = "its state.json is not JSON"
+            continue
+        val = state.get("val") if isinstance(state, dict) else None
+        loss = val.get("val/loss") if isinstance(val, dict) else None
+        if not isinstance(state, dict) or not isinstance(val, (dict, type(None))):
+            unranked[path] = "its state.json does not hold the records a save writes"
+        elif loss is not None and not is_number(loss):
+            unranked[path] = f"its state.json gives the validation loss as {loss!r}, not a number"
+        elif loss is not None and math.isfinite(loss):
             scored.append((loss, path))
-    return min(scored)[1] if scored else None
+    return (min(scored)[1] if scored else None), unranked
+
+
+_SAID_KEPT: set[Path] = set()  # unranked checkpoints already named by this process
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:

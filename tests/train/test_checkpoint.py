@@ -210,3 +210,29 @@ def test_the_best_checkpoint_reads_only_finite_numbers(saved):
     edit_state(first, "[1, 2]")
     edit_state(second, json.dumps({**state, "step": 30, "val": {"val/loss": 1.5}}))
     assert best_checkpoint(root) == second
+
+
+def test_a_checkpoint_whose_state_cannot_be_ranked_is_kept_and_named_once(saved, capsys):
+    """Pruning keeps the last ``keep`` and the best; an older checkpoint whose state.json was
+    edited into something unreadable might be the best, so it stays, and stderr names it and
+    why, once per process. One with no score (saved before any evaluation) goes as before."""
+    from llmlab.train.checkpoint import rank_checkpoints
+    from llmlab.train.recovery import MANIFEST
+
+    model, run, paths = saved
+    root = run / "checkpoints"
+    first, second = list_checkpoints(root)  # steps 20 and 30
+    (first / "state.json").write_text('{"step": 20, "val": {"val/loss": 2.')  # cut short
+    manifest = json.loads((first / MANIFEST).read_text())
+    manifest["files"]["state.json"] = (first / "state.json").stat().st_size
+    (first / MANIFEST).write_text(json.dumps(manifest))
+    assert rank_checkpoints(root) == (None, {first: "its state.json is not JSON"})
+    capsys.readouterr()
+
+    def save(step):
+        return save_checkpoint(root, step, model, model.spec.to_dict(), {"seed": 1}, run.parent / "tok.json",
+                               state={"tokens_seen": step * 10}, keep=2)
+    newer = [save(40), save(50)]
+    err = capsys.readouterr().err
+    assert list_checkpoints(root) == [first, *newer]  # step 30 had no score: pruned
+    assert err.count(str(first)) == 1 and "is not JSON" in err and "keep_checkpoints=2" in err
