@@ -248,6 +248,24 @@ def _group_value_error(overrides: list[str], command: str = "train") -> str | No
 RUN_DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
 
 
+def _uncreatable_dir(e: OSError) -> str | None:
+    """One line for Hydra's making of a run or sweep directory that the file system refuses
+    with "no such file" (a parent under /proc, say), or None for any other error: an ENOENT
+    raised elsewhere may be a bug, and stays a traceback."""
+    import errno
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    if e.errno != errno.ENOENT or not e.filename or not frames or frames[-1].name not in ("mkdir", "makedirs"):
+        return None
+    target = Path(os.fsdecode(e.filename))
+    parent = next((q for q in target.parents if q.exists()), None)
+    where = f"{parent} takes no new directories" if parent is not None and parent.is_dir() else "its parent is missing"
+    return (f"cannot create the directory {target}: {where}; set hydra.run.dir (hydra.sweep.dir for -m) to a "
+            "directory that can be written")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     RESOLVED.clear()  # one command line's jobs (several calls share a process in tests and notebooks)
@@ -331,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
                 fail(line or _explain(e, split_args(rest)[0], _composer(command)), 2)
             if isinstance(e, OSError):
                 from llmlab.files import disk_error
-                problem = disk_error(e, "a file")
+                problem = disk_error(e, "a file") or _uncreatable_dir(e)
                 if problem is not None:
                     fail(str(problem), 1)
             raise

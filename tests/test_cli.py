@@ -184,6 +184,16 @@ def test_a_config_mistake_from_the_shell_is_one_line(tmp_path, args, fragment):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, which takes no new directories")
+@pytest.mark.parametrize("args", [["train", "hydra.run.dir=/proc/llmlab-run"],
+                                  ["train", "-m", "seed=0,1", "hydra.sweep.dir=/proc/llmlab-sweep"]])
+def test_a_run_directory_the_file_system_refuses_is_one_line(tmp_path, args):
+    """/proc answers mkdir with "no such file": where Hydra makes the run directory, that is
+    one line naming it, not a traceback."""
+    one_line_error(run_cli(*args, "train.steps=1", "logger=none", cwd=tmp_path), 1,
+                   "cannot create the directory /proc/llmlab-", "/proc takes no new directories", "hydra.run.dir")
+
+
 def test_missing_checkpoint(tmp_path):
     one_line_error(run_cli("sample", f"ckpt={tmp_path / 'nope'}", cwd=tmp_path), 1, "does not exist")
 
