@@ -392,9 +392,10 @@ def test_eval_a_text_file(trained, monkeypatch):
     kept = []  # on the CPU eval keeps the memory each batch frees, as train does
     monkeypatch.setattr(llmlab.train.device, "keep_freed_memory", lambda: kept.append(True) or True)
     root, _ = trained
-    (root / "other.txt").write_text("some other text to score\n" * 20)
+    (root / "other.txt").write_bytes(b"some other text to score\n" * 20 + b"and caf\xe9 in latin-1\n")
     r = run_cli("eval", "ckpt=outputs/run", "text=other.txt", "hydra.run.dir=outputs/ev2", cwd=root)
     assert r.returncode == 0, r.stderr
+    assert "text: 1 byte sequences of other.txt are not UTF-8 and are scored as U+FFFD" in " ".join(r.stderr.split())
     assert kept == [True]
     assert json.loads((root / "outputs" / "ev2" / "eval.json").read_text())["source"] == "other.txt"
 

@@ -242,6 +242,9 @@ def test_a_cache_entry_without_its_meta_is_set_aside_and_prepared_again(trained,
     # a shard's name is opened under the split's directory: a path there is refused
     ('{"tokenizer": true, "splits": {"train": {"done": false, "shards": [{"file": "../../x", "tokens": 1, '
      '"bytes": 1, "docs": 1, "crc32": 1, "position": 1}]}}}', "splits.train.shards[0].file is '../../x'"),
+    ('{"tokenizer": true, "splits": {"train": {"done": false, "shards": [{"file": "000000.bin", "tokens": 1, '
+     '"bytes": 1, "docs": 1, "crc32": 1, "position": 1, "repaired": "some"}]}}}',
+     "splits.train.shards[0].repaired is 'some', not a count"),
 ])
 def test_a_damaged_progress_json_sets_the_interrupted_build_aside_and_starts_again(trained, tmp_path, progress, said):
     """An interrupted preparation continues from its progress.json; one that is damaged or
@@ -277,6 +280,7 @@ def test_a_damaged_progress_json_sets_the_interrupted_build_aside_and_starts_aga
     ("val.shards", [{"file": "000000.bin", "tokens": 1, "crc32": -1}], "val.shards must be shards whose crc32 is"),
     ("eos", 5, "eos must be a string or null"),
     ("eos", "<deleted>", "eos must be a string or null"),
+    ("train.repaired", 1.5, "train.repaired must be a count"),
 ])
 @pytest.mark.parametrize("command", ["tokenize", "train"])
 def test_an_edited_cache_meta_is_one_line_naming_the_field(trained, tmp_path, field, value, named, command):

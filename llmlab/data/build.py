@@ -45,6 +45,8 @@ class Batch:
     docs: int = 0
     position: int = 0  # stream items (documents or parts) consumed up to the end of this batch
     open_text: bool = False  # text since the last separator, at the end of this batch (a resume needs it)
+    repaired: int = 0  # byte sequences that were not UTF-8 (read as U+FFFD)
+    repaired_names: list[str] = field(default_factory=list)  # the documents they were in
 
 
 def batches(items: Iterator[Document], separator: str | None, position: int = 0,
@@ -71,6 +73,9 @@ def batches(items: Iterator[Document], separator: str | None, position: int = 0,
                 open_text = False
         batch.chars += len(doc.text)
         batch.nbytes += doc.nbytes
+        if doc.repaired:
+            batch.repaired += doc.repaired
+            batch.repaired_names.append(doc.name)
         batch.docs += int(doc.end)
         batch.position += 1
         batch.open_text = open_text
@@ -124,6 +129,7 @@ class Builder:
         self.corpus, self.factory, self.partial, self.quiet = corpus, factory, partial, quiet
         self.workers, self.shard_tokens = workers, shard_tokens
         self.progress = progress  # what an interrupted build got done (`read_progress`), carried on
+        self.repaired_names: dict[str, None] = {}  # documents read here with bytes that were not UTF-8
 
     def save_progress(self) -> None:
         atomic_write_text(self.partial / "progress.json", json.dumps(self.progress, indent=1))
@@ -200,7 +206,8 @@ class Builder:
             timer = _Timed(batches(items, tok.eos, position, open_text=open_text))
             encoded = encode_batches(timer, tok.tok, tok.eos_id, dtype, self.workers_for(split))
             for batch, ids in encoded:
-                writer.write(ids, batch.nbytes, batch.docs)
+                writer.write(ids, batch.nbytes, batch.docs, batch.repaired)
+                self.repaired_names.update(dict.fromkeys(batch.repaired_names))
                 stage.update(batch.nbytes, len(ids))
                 if writer.full():
                     self.finish(state, writer, batch.position, batch.open_text)
@@ -213,8 +220,9 @@ class Builder:
             self.save_progress()
             stage.update(0, final=True)
         shards = state["shards"]
+        repaired = sum(s.get("repaired", 0) for s in shards)
         return {"tokens": sum(s["tokens"] for s in shards), "bytes": sum(s["bytes"] for s in shards),
-                "docs": sum(s["docs"] for s in shards),
+                "docs": sum(s["docs"] for s in shards), **({"repaired": repaired} if repaired else {}),
                 "shards": [{k: s[k] for k in ("file", "tokens", "bytes", "docs", "crc32") if k in s} for s in shards]}
 
     def finish(self, state: dict, writer: SplitWriter, position: int, open_text: bool = False) -> None:
@@ -302,6 +310,8 @@ def _shard_problem(split: str, i: int, entry) -> str | None:
     for key in ("tokens", "bytes", "docs", "crc32", "position"):
         if not is_count(entry.get(key)):
             return f"{where}.{key} is {entry.get(key)!r}, not a count"
+    if not is_count(entry.get("repaired", 0)):
+        return f"{where}.repaired is {entry.get('repaired')!r}, not a count"
     if not isinstance(entry.get("open_text", False), bool):
         return f"{where}.open_text is not true or false"
     return None
@@ -355,6 +365,18 @@ def describe_resume(progress: dict[str, Any]) -> str | None:
     if not progress.get("tokenizer"):
         return None
     return f"the tokenizer and {shards} finished shard{'s' if shards != 1 else ''}"
+
+
+def repair_line(meta: dict[str, Any], names: list[str]) -> str | None:
+    """The line that says how much of the corpus was not UTF-8 and was read as U+FFFD (None:
+    none was); ``names``: the documents this process saw it in (a resumed build saw only its
+    own part)."""
+    counts = {split: meta[split].get("repaired", 0) for split in SPLITS}
+    if not any(counts.values()):
+        return None
+    where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"data: {counts['train']:,} byte sequences in train and {counts['val']:,} in val were not UTF-8 and are read "
+            f"as U+FFFD (the replacement character)" + (f", in {where}" if names else ""))
 
 
 def check_empty(meta: dict[str, Any]) -> None:

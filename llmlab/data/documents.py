@@ -46,6 +46,20 @@ class Document:
     text: str
     nbytes: int  # bytes of the source as stored, before any decoding repair
     end: bool = True
+    repaired: int = 0  # byte sequences that were not UTF-8, read as U+FFFD
+
+
+REPLACEMENT = "\ufffd"
+_REPLACEMENT_UTF8 = REPLACEMENT.encode("utf-8")
+
+
+def repairs(raw: bytes, text: str, before: bytes = b"") -> int:
+    """How many U+FFFD in ``text`` (decoded from ``raw`` with errors="replace") stand for
+    bytes that were not UTF-8, rather than for a U+FFFD written in the source; ``before``: the
+    last bytes already decoded, so that one written across two reads is counted once."""
+    if REPLACEMENT not in text:
+        return 0
+    return text.count(REPLACEMENT) - (before[-2:] + raw).count(_REPLACEMENT_UTF8)
 
 
 def hash_fraction(name: str) -> float:
@@ -76,23 +90,27 @@ def read_parts(path: Path, name: str, start: int = 0, stop: int | None = None,
     with open(path, "rb") as f:
         f.seek(start)
         left = (os.fstat(f.fileno()).st_size if stop is None else stop) - start
-        text, nbytes = "", 0
+        text, nbytes, repaired, before = "", 0, 0, b""
         while True:
             raw = f.read(min(part_bytes, max(0, left)))
             left -= len(raw)
             last = not raw or left <= 0
-            text += decoder.decode(raw, final=last)
+            decoded = decoder.decode(raw, final=last)
+            repaired += repairs(raw, decoded, before)
+            text += decoded
             nbytes += len(raw)
+            before = (before + raw)[-2:]
             if last:
-                yield Document(name, text, nbytes, end=True)
+                yield Document(name, text, nbytes, end=True, repaired=repaired)
                 return
             m = SAFE_CUT.search(text, max(0, len(text) - part_bytes // 2))
             if m and m.end() < len(text):
                 head = text[:m.end()]
                 # the part's share of the source bytes: exact unless decoding repaired bytes
                 head_bytes = min(nbytes, len(head.encode("utf-8", "surrogatepass")))
-                yield Document(name, head, head_bytes, end=False)
-                text, nbytes = text[m.end():], nbytes - head_bytes
+                head_repaired = min(repaired, head.count(REPLACEMENT))
+                yield Document(name, head, head_bytes, end=False, repaired=head_repaired)
+                text, nbytes, repaired = text[m.end():], nbytes - head_bytes, repaired - head_repaired
 
 
 def line_cut(path: Path, val_fraction: float) -> int:
@@ -117,4 +135,5 @@ def read_file(path: Path, root: Path | None = None) -> Document:
     """One whole file as a document (``eval text=``: a file the user names)."""
     raw = path.read_bytes()
     name = str(path.relative_to(root)) if root else str(path)
-    return Document(name, raw.decode("utf-8", errors="replace"), len(raw))
+    text = raw.decode("utf-8", errors="replace")
+    return Document(name, text, len(raw), repaired=repairs(raw, text))

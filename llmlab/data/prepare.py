@@ -104,7 +104,7 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
     """Return the cache entry for these settings, building it if it does not exist yet (or
     continuing the build a killed run left). ``data`` and ``tokenizer``: their typed Configs
     (a resolved job's), or plain mappings, checked here."""
-    from llmlab.data.build import Builder, check_empty, describe_resume, lock_partial, read_progress
+    from llmlab.data.build import Builder, check_empty, describe_resume, lock_partial, read_progress, repair_line
 
     data_cfg = data if is_dataclass(data) else CORPUS.config(data, "data")
     tok_cfg = tokenizer if is_dataclass(tokenizer) else TOKENIZER.config(tokenizer, "tokenizer")
@@ -149,6 +149,8 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
                     "settings": {"data": asdict(data_cfg), "tokenizer": asdict(tok_cfg)},
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key": key}
             check_empty(meta)
+            if (line := repair_line(meta, list(builder.repaired_names))) is not None and not quiet:
+                console.err.print(line, style="yellow", highlight=False)
             (partial / "meta.json").write_text(json.dumps(meta, indent=2))
             (partial / "progress.json").unlink()
             os.rename(partial, final)  # atomic: the entry appears complete or not at all
@@ -214,6 +216,8 @@ def check_meta(meta: dict[str, Any], entry: Path) -> None:
         for key in ("tokens", "bytes", "docs"):
             if not count(info.get(key)):
                 bad(f"{split}.{key}", "a count (an integer >= 0)")
+        if not count(info.get("repaired", 0)):
+            bad(f"{split}.repaired", "a count (an integer >= 0)")
         shards = info.get("shards", [])
         if not isinstance(shards, list) or not all(isinstance(sh, dict) and count(sh.get("tokens")) for sh in shards):
             bad(f"{split}.shards", "a list of shards, each with its token count")

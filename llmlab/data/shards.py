@@ -56,14 +56,16 @@ class SplitWriter:
             if p.name not in keep:
                 p.unlink()
         self.writer: ShardWriter | None = None
-        self.bytes = self.docs = 0
+        self.bytes = self.docs = self.repaired = 0
 
-    def write(self, ids: np.ndarray, nbytes: int, docs: int) -> None:
+    def write(self, ids: np.ndarray, nbytes: int, docs: int, repaired: int = 0) -> None:
+        """``repaired``: byte sequences of the text that were not UTF-8 (read as U+FFFD)."""
         if self.writer is None:
             self.writer = ShardWriter(self.directory / f".{shard_name(len(self.shards))}.tmp", self.dtype)
         self.writer.write(ids)
         self.bytes += nbytes
         self.docs += docs
+        self.repaired += repaired
 
     def full(self) -> bool:
         return self.writer is not None and self.writer.count >= self.shard_tokens
@@ -78,8 +80,10 @@ class SplitWriter:
         os.replace(self.writer.path, self.directory / name)
         entry = {"file": name, "tokens": self.writer.count, "bytes": self.bytes, "docs": self.docs,
                  "crc32": self.writer.crc, "position": position}
+        if self.repaired:
+            entry["repaired"] = self.repaired
         self.shards.append(entry)
-        self.writer, self.bytes, self.docs = None, 0, 0
+        self.writer, self.bytes, self.docs, self.repaired = None, 0, 0, 0
         return entry
 
 

@@ -25,6 +25,10 @@ def eval_tokens(ckpt, text: str | None = None, split: str = "val", data: Any = N
         if not path.is_file():
             raise UserError(f"text: {path} is not a file")
         doc = read_file(path)
+        if doc.repaired:
+            from llmlab import console
+            console.err.print(f"text: {doc.repaired:,} byte sequences of {path} are not UTF-8 and are scored as U+FFFD "
+                              "(the replacement character)", style="yellow", highlight=False)
         ids = [i for p in tok.encode_batch(pieces(doc.text)) for i in p]
         return np.asarray(ids, dtype=np.int64), doc.nbytes, str(path)
     prepared = _same_data_entry(ckpt, cache_dir) if data is None else None

@@ -94,10 +94,33 @@ def test_changed_file_makes_a_new_entry(tmp_path, corpus_dir):
 
 
 def test_invalid_utf8_is_repaired_and_bytes_are_counted_honestly(tmp_path):
-    raw = "caf\xe9 latin-1 text\n".encode("latin-1") * 40
+    """Bytes that are not UTF-8 read as U+FFFD, and are counted (meta.json, one line naming the
+    file); a U+FFFD the source itself holds is text, not a repair."""
+    from llmlab.data.build import repair_line
+
+    raw = "caf\xe9 latin-1 text\n".encode("latin-1") * 40 + "written \ufffd\n".encode("utf-8")
     (tmp_path / "latin.txt").write_bytes(raw)
-    p = prep.prepare({**TEXT, "paths": [str(tmp_path / "latin.txt")]}, BYTE, str(tmp_path / "cache"), quiet=True)
-    assert p.meta["train"]["bytes"] + p.meta["val"]["bytes"] == len(raw)
+    (tmp_path / "clean.txt").write_text("plain text\n" * 40)
+    p = prep.prepare({**TEXT, "paths": [str(tmp_path / "*.txt")]}, BYTE, str(tmp_path / "cache"), quiet=True)
+    assert p.meta["train"]["bytes"] + p.meta["val"]["bytes"] == len(raw) + 11 * 40
+    assert p.meta["train"].get("repaired", 0) + p.meta["val"].get("repaired", 0) == 40
+    line = repair_line(p.meta, ["latin.txt"])
+    assert "byte sequences" in line and "not UTF-8" in line and line.endswith("in latin.txt")
+    assert repair_line({"train": {}, "val": {}}, []) is None
+
+
+def test_repairs_are_counted_exactly_across_the_reads_of_a_large_file(tmp_path):
+    """A file read in parts: a bad byte or a written U+FFFD that straddles two reads is counted
+    once, and only the bad bytes count."""
+    from llmlab.data.documents import read_parts
+
+    unit = b"ab\xffc\n" + "x\ufffdy\n".encode("utf-8")  # one bad byte, one written U+FFFD
+    raw = unit * 300
+    (tmp_path / "f.txt").write_bytes(raw)
+    for part_bytes in (7, 8, 9, 64, 1 << 20):  # every alignment of the reads against the units
+        parts = list(read_parts(tmp_path / "f.txt", "f.txt", part_bytes=part_bytes))
+        assert sum(d.repaired for d in parts) == 300, part_bytes
+        assert "".join(d.text for d in parts) == raw.decode("utf-8", "replace")
 
 
 def test_empty_corpus_is_a_user_error(tmp_path):
