@@ -263,11 +263,22 @@ class HFDataset(Corpus):
         col = self.cfg.text_column
         if col not in ds.column_names:
             raise ConfigError(f"data.text_column: '{col}' is not a column; columns: {', '.join(ds.column_names)}")
+        feature = ds.features[col]
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            kind = getattr(feature, "dtype", None) or type(feature).__name__
+            texts = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+            raise ConfigError(f"data.text_column: '{col}' holds {kind}, not text; the text columns: "
+                              f"{', '.join(texts) or 'none'}")
         ds = ds.select_columns([col])
         if self.cfg.max_docs is not None:
             ds = ds.select(range(min(self.cfg.max_docs, len(ds))))
         if len(ds) == 0:
             raise UserError(f"data.path: '{self.cfg.path}' has an empty split '{split}'")
+        nulls = sum(rows.column(col).null_count for rows in ds.with_format("arrow").iter(batch_size=1 << 16))
+        if nulls:  # said once per split (a spawned worker gets this corpus with its splits loaded)
+            from llmlab import console
+            console.err.print(f"data: {nulls:,} of the {len(ds):,} rows of '{self.cfg.path}' split '{split}' have no "
+                              f"{col} (null): read as empty documents", style="yellow", highlight=False)
         self._datasets[split] = ds
         return ds
 

@@ -202,6 +202,21 @@ def test_hf_corpus_reads_local_files_through_datasets(tmp_path, fmt):
     assert p.meta["train"]["bytes"] + p.meta["val"]["bytes"] == total
     with pytest.raises(UserError, match=r"^data.text_column: 'body' is not a column; columns: text, id"):
         prep.prepare({**data, "text_column": "body"}, BYTE, str(tmp_path / "cache"), quiet=True)
+    with pytest.raises(UserError, match=r"^data.text_column: 'id' holds int64, not text; the text columns: text$"):
+        prep.prepare({**data, "text_column": "id"}, BYTE, str(tmp_path / "cache"), quiet=True)
+
+
+def test_hf_rows_without_text_are_said_and_read_as_empty_documents(tmp_path, capsys):
+    import datasets
+
+    rows = [{"text": None if i in (3, 17) else f"document number {i} " * 20} for i in range(40)]
+    datasets.Dataset.from_list(rows).to_json(tmp_path / "corpus.jsonl")
+    data = {"kind": "hf", "path": str(tmp_path / "corpus.jsonl"), "val_fraction": 0.1}
+    p = prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
+    assert p.meta["train"]["docs"] + p.meta["val"]["docs"] == 40
+    assert p.meta["train"]["bytes"] + p.meta["val"]["bytes"] == sum(len(r["text"] or "") for r in rows)
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"data: 2 of the 40 rows of '{tmp_path / 'corpus.jsonl'}' split 'train' have no text (null)" in err
 
 
 def test_pretrained_tokenizer_file_is_used_as_is(tmp_path, corpus_dir):
