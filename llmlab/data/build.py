@@ -175,6 +175,12 @@ class Builder:
             # a corpus known to be small is held in this process already; any other trains in a child
             tok, used = train_tokenizer(self.corpus, self.factory, stage, in_child=not isinstance(self.corpus, _Held))
             stage.update(0, final=True)
+            planned = self.factory.planned_vocab(self.factory.cfg)
+            if planned and tok.vocab_size < planned and not self.quiet:
+                console.err.print(f"tokenizer: the corpus gives {tok.vocab_size:,} tokens, fewer than tokenizer.vocab_size="
+                                  f"{planned:,} asks for: it has no more pairs seen at least tokenizer.min_frequency="
+                                  f"{self.factory.cfg.min_frequency} times to merge",
+                                  style="yellow", highlight=False)
             self.progress["tokenizer_sample"] = {"bytes": used["bytes"], "read": used["read"], "of": used["of"]}
         else:
             tok = self.factory.make()

@@ -219,6 +219,18 @@ def test_hf_rows_without_text_are_said_and_read_as_empty_documents(tmp_path, cap
     assert f"data: 2 of the 40 rows of '{tmp_path / 'corpus.jsonl'}' split 'train' have no text (null)" in err
 
 
+def test_a_vocabulary_the_corpus_cannot_fill_is_said(tmp_path, capsys):
+    """BPE stops merging where the corpus runs out of frequent pairs: the vocabulary is then
+    smaller than tokenizer.vocab_size asks for, which is said, not left to the summary."""
+    (tmp_path / "t.txt").write_text("the cat sat on the mat\n" * 30)
+    data = {**TEXT, "paths": [str(tmp_path / "t.txt")]}
+    p = prep.prepare(data, {"kind": "bpe", "vocab_size": 5000, "min_frequency": 2}, str(tmp_path / "c"), quiet=False)
+    assert 257 < p.vocab_size < 300
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"tokenizer: the corpus gives {p.vocab_size} tokens, fewer than tokenizer.vocab_size=5,000 asks for: "
+            "it has no more pairs seen at least tokenizer.min_frequency=2 times") in err
+
+
 def test_pretrained_tokenizer_file_is_used_as_is(tmp_path, corpus_dir):
     data = {**TEXT, "paths": [str(corpus_dir / "*")]}
     bpe = prep.prepare(data, {"kind": "bpe", "vocab_size": 300, "min_frequency": 1}, str(tmp_path / "c"), quiet=True)
