@@ -320,6 +320,13 @@ def test_sample_a_batch_of_prompts_from_a_list_and_a_file(trained):
     f = run_cli("sample", "ckpt=outputs/run", "prompt_file=prompts.jsonl", "max_new_tokens=4", cwd=root)
     assert f.returncode == 0, f.stderr
     assert "--- prompt 1/2, sample 1/1 ---\na\nb" in f.stdout and "--- prompt 2/2" in f.stdout
+    assert "longer than the model's context" not in f.stderr
+    # a prompt longer than the context: the model sees its end, and that is said
+    (root / "long.txt").write_text("short\n" + "y" * 40 + "\n")
+    f = run_cli("sample", "ckpt=outputs/run", "prompt_file=long.txt", "max_new_tokens=2", cwd=root)
+    assert f.returncode == 0, f.stderr
+    assert ("prompt: prompt 2 of 2 is longer than the model's context of 32 tokens (the longest 40): "
+            "the model sees only the last 32") in " ".join(f.stderr.split())
     one_line_error(run_cli("sample", "ckpt=outputs/run", "min_p=1.5", cwd=root), 2, "min_p")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=nope.txt", cwd=root), 1, "prompt_file")
 

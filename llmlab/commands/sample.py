@@ -173,6 +173,15 @@ def run(job: SampleConfig, run_dir: Path) -> None:
     n = job.num_samples
     eos_id = tok.eos_id if job.stop_at_eos else None
     encoded = [tok.encode(p) or ([tok.eos_id] if tok.eos_id is not None else [0]) for p in prompts]
+    window = min([model.max_seq_len] + ([draft.max_seq_len] if draft is not None else []))
+    if (longer := [i for i, ids in enumerate(encoded) if len(ids) > window]):
+        named = ", ".join(str(i + 1) for i in longer[:5]) + (", ..." if len(longer) > 5 else "")
+        which = ("the prompt is" if len(prompts) == 1 else
+                 f"prompt {named} of {len(prompts)} is" if len(longer) == 1 else
+                 f"{len(longer)} of the {len(prompts)} prompts ({named}) are")
+        console.err.print(f"prompt: {which} longer than the model's context of {window:,} tokens (the longest "
+                          f"{max(len(encoded[i]) for i in longer):,}): the model sees only the last {window:,}",
+                          style="yellow", highlight=False)
     gen = torch.Generator(device=device).manual_seed(job.seed)
     speculative = draft is not None or spec.mtp
     stop = f", min_confidence={spec.min_confidence:g}" if spec.min_confidence else ""
