@@ -155,6 +155,9 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["eval", "norm=inf"], ["norm: llmlab eval has no such config group; its groups: "]),
     # an integer past int64 overflows where it is used
     (["train", "train.grad_accum=99999999999999999999"], ["train.grad_accum: 99999999999999999999 is out of range"]),
+    # numpy's generators take no negative seed (it was their ValueError, after the data was prepared)
+    (["train", "seed=-1"], ["seed: must be >= 0, got -1"]),
+    (["sample", "seed=-3"], ["seed: must be >= 0, got -3"]),
     # Hydra's own settings are checked too
     (["train", "-m", "seed=0,1", "hydra.callbacks.report.baselin=x"],
      ["hydra.callbacks.report.baselin: unknown key", "_target_, baseline"]),

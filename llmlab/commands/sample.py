@@ -41,7 +41,7 @@ class SampleConfig(Checked):
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the text (CTRL); 1: off
     stop_at_eos: bool = True  # stop a sample at <|endoftext|>
     num_samples: int = bounded(1, at_least=1)  # samples per prompt
-    seed: int = 0
+    seed: int = bounded(0, at_least=0)
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
     pack_weights: Any = "auto"  # auto | true | false: CPU decoding with weights laid out anew (auto: the layout each model measures fastest in; true: oneDNN's)

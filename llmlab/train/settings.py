@@ -101,7 +101,7 @@ class TrainConfig(Checked):
     """``llmlab train``'s whole config: the run's own settings, and one section per part,
     filled by the config groups (``model/attention=gqa`` puts GQA's settings under ``attention``)."""
 
-    seed: int = 1337
+    seed: int = bounded(1337, at_least=0)  # numpy's generators take no negative seed
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
     precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it, else fp32; fp16 is loss-scaled
     cache_dir: str | None = None  # prepared data; null: $LLMLAB_CACHE or .cache/llmlab
