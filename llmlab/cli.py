@@ -266,6 +266,16 @@ def _uncreatable_dir(e: OSError) -> str | None:
             "directory that can be written")
 
 
+def _plain_settings(command: str) -> list[str]:
+    """The top-level settings of ``command``'s schema that no config group fills (``seed``,
+    ``top_p``): the keys a ``~key`` override would quietly reset to their default."""
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(command_of(command).schema)
+            if not f.metadata.get("section")
+            and (f.default_factory is dataclasses.MISSING or not dataclasses.is_dataclass(f.default_factory()))]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     RESOLVED.clear()  # one command line's jobs (several calls share a process in tests and notebooks)
@@ -299,6 +309,11 @@ def main(argv: list[str] | None = None) -> None:
         if eq and key in RUN_DIR_KEYS and value.strip().strip("'\"") == "":
             fail(f"{key}: empty; give a directory" + (" per job, or leave it out (each job has its own by default)"
                                                       if key.endswith("subdir") else f" ({key}=. for this one)"), 2)
+    deleted = [a[1:].partition("=")[0] for a in rest if a.startswith("~")]
+    if deleted and (scalar := set(_plain_settings(command)) & set(deleted)):
+        # Hydra deletes a top-level key and the schema's default quietly takes its place
+        key = next(k for k in deleted if k in scalar)
+        fail(f"{key}: a setting cannot be deleted (~{key}); give it a value ({key}=...) or leave it out", 2)
     showing = bool({"--cfg", "-c", "--info"} & set(rest))
     helping = bool({"--help", "-h"} & set(rest))
     # The kinds written as one file import torch with them (3-4 s): --help lists them all, the

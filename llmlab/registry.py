@@ -64,6 +64,8 @@ def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
     if word is not None and (getattr(e, "value", None) is not None or isinstance(e, ValidationError)):
         # a null where the field takes none is a ValidationError with no value: said as written
         return ConfigError(f"{key}: expected {word}, got {'null' if e.value is None else repr(e.value)}")
+    if "does not support deletion" in str(e):  # ~key on a field of a schema
+        return ConfigError(f"{key}: a setting cannot be deleted (~{key}); give it a value ({key}=...) or leave it out")
     return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")
 
 

@@ -158,6 +158,11 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     # numpy's generators take no negative seed (it was their ValueError, after the data was prepared)
     (["train", "seed=-1"], ["seed: must be >= 0, got -1"]),
     (["sample", "seed=-3"], ["seed: must be >= 0, got -3"]),
+    (["train", "~train.steps"], ["train.steps: a setting cannot be deleted (~train.steps); give it a value"]),
+    # a top-level one: Hydra deletes it and the default took its place in silence
+    (["train", "~seed"], ["seed: a setting cannot be deleted (~seed); give it a value (seed=...) or leave it out"]),
+    (["sample", "~top_p=0.9"], ["top_p: a setting cannot be deleted (~top_p)"]),
+    (["eval", "~batch_size"], ["batch_size: a setting cannot be deleted (~batch_size)"]),
     # Hydra's own settings are checked too
     (["train", "-m", "seed=0,1", "hydra.callbacks.report.baselin=x"],
      ["hydra.callbacks.report.baselin: unknown key", "_target_, baseline"]),
@@ -195,6 +200,13 @@ def test_a_run_directory_the_file_system_refuses_is_one_line(tmp_path, args):
     one line naming it, not a traceback."""
     one_line_error(run_cli(*args, "train.steps=1", "logger=none", cwd=tmp_path), 1,
                    "cannot create the directory /proc/llmlab-", "/proc takes no new directories", "hydra.run.dir")
+
+
+def test_a_path_under_an_unknown_users_home_is_taken_as_written(tmp_path):
+    """``~name/...`` for a user this machine does not have stays as written, as a shell leaves
+    it (pathlib's expanduser raised RuntimeError, a traceback)."""
+    one_line_error(run_cli("report", "~llmlab-no-such-user/runs", cwd=tmp_path), 1,
+                   "runs: ~llmlab-no-such-user/runs does not exist")
 
 
 def test_missing_checkpoint(tmp_path):
@@ -332,6 +344,10 @@ def test_sample_a_batch_of_prompts_from_a_list_and_a_file(trained):
             "the model sees only the last 32") in " ".join(f.stderr.split())
     one_line_error(run_cli("sample", "ckpt=outputs/run", "min_p=1.5", cwd=root), 2, "min_p")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=nope.txt", cwd=root), 1, "prompt_file")
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=~llmlab-no-such-user/p.txt", cwd=root), 1,
+                   "prompt_file: ~llmlab-no-such-user/p.txt is not a file")
+    one_line_error(run_cli("eval", "ckpt=outputs/run", "text=~llmlab-no-such-user/t.txt", cwd=root), 1,
+                   "text: ~llmlab-no-such-user/t.txt is not a file")
 
 
 def test_distil_a_draft_from_a_trained_run(trained):

@@ -1,5 +1,6 @@
 """llmlab export: checkpoint -> a Hugging Face `transformers` directory."""
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def run(job: ExportConfig, run_dir: Path) -> None:
 
     ckpt = load_checkpoint(job.ckpt)
     model = build_model(ckpt, torch.device("cpu"))
-    out = Path(job.out).expanduser() if job.out else run_dir / "hf"
+    out = Path(os.path.expanduser(job.out)) if job.out else run_dir / "hf"
     res = exporter(job.format)(ckpt, model, out, overwrite=job.overwrite)
     console.out.print(f"exported {ckpt.path} as {res['architecture']} ({res['family']} family, "
                       f"{res['params']:,} parameters) to {res['out']}")

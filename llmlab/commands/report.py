@@ -1,5 +1,6 @@
 """llmlab report: sweep or run directories -> grouped statistics, Markdown, JSON and a PNG."""
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ class ReportConfig(Checked):
 def run(job: ReportConfig, run_dir: Path) -> None:
     from llmlab.eval.report import write_report
 
-    out = Path(job.out).expanduser() if job.out else run_dir
+    out = Path(os.path.expanduser(job.out)) if job.out else run_dir
     write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps,
                  surface=job.surface)
 

@@ -5,6 +5,7 @@
 import collections
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ def read_prompts(job: "SampleConfig") -> list[str]:
 
     if job.prompt_file is None:
         return [job.prompt] if isinstance(job.prompt, str) else list(job.prompt)
-    path = Path(job.prompt_file).expanduser()
+    path = Path(os.path.expanduser(job.prompt_file))
     if not path.is_file():
         raise UserError(f"prompt_file: {path} is not a file")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ def eval_tokens(ckpt, text: str | None = None, split: str = "val", data: Any = N
     corpus's Config) or the checkpoint's own data, its ``split``."""
     tok = ckpt.tokenizer()
     if text:
-        path = Path(text).expanduser()
+        path = Path(os.path.expanduser(text))
         if not path.is_file():
             raise UserError(f"text: {path} is not a file")
         doc = read_file(path)

@@ -5,6 +5,7 @@ resolved or run), and grouped by their overrides minus ``seed``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -57,7 +58,7 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     paths are given (a sweep's jobs in job order), so the first group is the first run given."""
     found: dict[Path, Run] = {}
     for p in paths:
-        p = Path(p).expanduser()
+        p = Path(os.path.expanduser(p))  # an unknown ~user stays as written (Path.expanduser raises)
         if not p.exists():
             raise UserError(f"runs: {p} does not exist")
         candidates = ([p / "summary.json"] if (p / "summary.json").is_file()
