@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from llmlab.model.config import NORM, NormConfig
@@ -22,3 +23,10 @@ class LayerNorm(nn.LayerNorm):
 
     def __init__(self, cfg: NormConfig, d_model: int):
         super().__init__(d_model, eps=cfg.eps)
+
+
+def normed(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` in the norm weight's dtype: under autocast a projection's bf16 output meets
+    an fp32 weight, which torch's fused RMSNorm refuses (it warns and takes a slower path
+    whose result is fp32 all the same)."""
+    return norm(x.to(norm.weight.dtype))

@@ -120,11 +120,13 @@ def test_a_model_with_hooks_decodes_through_its_ordinary_forward():
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
+@pytest.mark.filterwarnings("error:Mismatch dtype between input and weight:UserWarning")
 def test_cached_decoding_under_bf16_autocast(attn):
     """``precision=bf16`` samples under autocast: keys and values come out of the projections in
     bf16, so the cache is kept in bf16 (half the memory), every kind appends to it (the rolling
     SWA cache once refused a dtype other than its own), and the logits follow the full forward
-    to bf16 accuracy."""
+    to bf16 accuracy. The norms inside attention (mla's latents, qknorm's) take their input in
+    their weight's dtype, so torch's fused RMSNorm runs (a bf16 input made it warn and fall back)."""
     model = tiny_model(attention=ATTN[attn])
     x = torch.randint(0, 97, (2, 20))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

@@ -19,6 +19,7 @@ from llmlab.model import ring
 from llmlab.model.cache import KVCache, RollingKVCache
 from llmlab.model.ring import ring_attention
 from llmlab.model.config import ATTENTION
+from llmlab.model.norm import normed
 from llmlab.model.position import PositionView, RotaryAngles
 
 # position schemes whose view of a pass rotates queries and keys, or leaves them, and biases no
@@ -355,4 +356,4 @@ class QKNormAttention(GroupedQueryAttention):
         self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6), nn.RMSNorm(self.head_dim, eps=1e-6)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos) -> tuple[torch.Tensor, torch.Tensor]:
-        return super().rotate(self.q_norm(q), self.k_norm(k), pos)
+        return super().rotate(normed(self.q_norm, q), normed(self.k_norm, k), pos)

@@ -10,6 +10,7 @@ from torch import nn
 
 from llmlab.model.attention import ATTENTION, Attention
 from llmlab.model.cache import LatentCache
+from llmlab.model.norm import normed
 
 
 @ATTENTION.register("mla")
@@ -69,12 +70,12 @@ class MultiHeadLatentAttention(Attention):
                 need_weights: bool = False, select=None):
         B, T, _ = x.shape
         H, c = self.n_heads, self.cfg
-        q = self.q_up(self.q_norm(self.q_down(x))) if c.q_rank else self.q_proj(x)
+        q = self.q_up(normed(self.q_norm, self.q_down(x))) if c.q_rank else self.q_proj(x)
         q = q.view(B, T, H, self.qk_dim).transpose(1, 2)  # (B, H, T, nope + rope)
         q_nope, q_rope = q.split([c.nope_dim, c.rope_dim], dim=-1)
         q_rope = pos.rotate(q_rope)
         latent, k_rope = self.kv_down(x).split([c.kv_rank, c.rope_dim], dim=-1)
-        latent = self.kv_norm(latent)  # (B, T, kv_rank)
+        latent = normed(self.kv_norm, latent)  # (B, T, kv_rank)
         k_rope = pos.rotate(k_rope[:, None])  # (B, 1, T, rope): one rotary key for all heads
         k_pos = positions
         if cache is not None:
