@@ -312,8 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     deleted = [a[1:].partition("=")[0] for a in rest if a.startswith("~")]
     if deleted and (scalar := set(_plain_settings(command)) & set(deleted)):
         # Hydra deletes a top-level key and the schema's default quietly takes its place
-        key = next(k for k in deleted if k in scalar)
-        fail(f"{key}: a setting cannot be deleted (~{key}); give it a value ({key}=...) or leave it out", 2)
+        from llmlab.registry import deletion_error
+        fail(str(deletion_error(next(k for k in deleted if k in scalar))), 2)
     showing = bool({"--cfg", "-c", "--info"} & set(rest))
     helping = bool({"--help", "-h"} & set(rest))
     # The kinds written as one file import torch with them (3-4 s): --help lists them all, the

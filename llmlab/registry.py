@@ -65,8 +65,13 @@ def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
         # a null where the field takes none is a ValidationError with no value: said as written
         return ConfigError(f"{key}: expected {word}, got {'null' if e.value is None else repr(e.value)}")
     if "does not support deletion" in str(e):  # ~key on a field of a schema
-        return ConfigError(f"{key}: a setting cannot be deleted (~{key}); give it a value ({key}=...) or leave it out")
+        return deletion_error(key)
     return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")
+
+
+def deletion_error(key: str) -> ConfigError:
+    """``~key`` on a setting: Hydra would delete it, and the schema's default take its place."""
+    return ConfigError(f"{key}: a setting cannot be deleted (~{key}); give it a value ({key}=...) or leave it out")
 
 
 def choice(default: Any, allowed: Sequence[Any]) -> Any:

@@ -177,10 +177,11 @@ class Builder:
             stage.update(0, final=True)
             planned = self.factory.planned_vocab(self.factory.cfg)
             if planned and tok.vocab_size < planned and not self.quiet:
+                floor = getattr(self.factory.cfg, "min_frequency", None)
+                why = f"it has no more pairs seen at least tokenizer.min_frequency={floor} times to merge" \
+                    if floor is not None else "it offers no more"
                 console.err.print(f"tokenizer: the corpus gives {tok.vocab_size:,} tokens, fewer than tokenizer.vocab_size="
-                                  f"{planned:,} asks for: it has no more pairs seen at least tokenizer.min_frequency="
-                                  f"{self.factory.cfg.min_frequency} times to merge",
-                                  style="yellow", highlight=False)
+                                  f"{planned:,} asks for: {why}", style="yellow", highlight=False)
             self.progress["tokenizer_sample"] = {"bytes": used["bytes"], "read": used["read"], "of": used["of"]}
         else:
             tok = self.factory.make()
