@@ -119,9 +119,6 @@ def read_overrides(path: Path) -> list[str]:
 
 
 # summary.json values the report computes with; anything else there is only shown
-
-
-# summary.json values the report computes with; anything else there is only shown
 NUMERIC_SUMMARY = ("val_loss", "tokens_per_s", "decode_tokens_per_s", "mfu", "params", "flops_per_token",
                    "kv_cache_bytes_per_token", "tokens_per_s_spread", "tokens_per_s_other_load",
                    "decode_tokens_per_s_spread", "decode_tokens_per_s_other_load", "params_non_embedding", "tokens")
