@@ -152,6 +152,8 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
         combos = expand_sweeps(overrides)
     except HydraException as e:
         fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
+    except UserError as e:
+        fail(str(e), 2)
     # Hydra's own settings (hydra.run.dir=..., hydra/launcher=joblib, ...) are composed once,
     # with the first combination, so a misspelt one is one line too; that composition serves as
     # the first job's too when it succeeds (one composition less in every run that sets one)

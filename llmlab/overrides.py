@@ -9,6 +9,7 @@ import itertools
 import re
 from pathlib import Path
 
+from llmlab.errors import ConfigError
 from llmlab.names import path_slug
 
 # Hydra flags that take a value, and flags after which no config checking makes sense.
@@ -102,11 +103,16 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
         if o is None:
             _parser().parse_override(text)  # raises Hydra's own account of what it cannot read
         if o.is_sweep_override():
+            key, _, value = text.partition("=")
             try:
-                key = text.split("=", 1)[0]
-                choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+                values = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            except ValueError as e:  # range(1,3,0): Python's range refuses it, in Hydra's launch
+                raise ConfigError(f"{key.lstrip('+~')}: '{value}' is not a sweep ({e})") from None
             except Exception:  # glob sweeps and the like: Hydra checks them itself
                 continue
+            if not values:  # range(0,-2): a sweep of no jobs would launch nothing, and say nothing
+                raise ConfigError(f"{key.lstrip('+~')}: '{value}' gives no values to sweep")
+            choices.append(values)
         else:
             choices.append([text])
     combos = itertools.product(*choices)

@@ -146,6 +146,10 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
                                     "train.steps=[1,2]"]),
     (["train", "seed=range(3)", "hydra.run.dir=x"], ["seed: 'range(3)' gives several values"]),
     (["eval", "ckpt=a,b"], ["ckpt: 'a,b' gives several values", "llmlab eval -m ckpt=a,b"]),
+    # a sweep of no values launched no job and said nothing; a range with step 0 was Python's traceback
+    (["train", "-m", "seed=range(0,-2)"], ["seed: 'range(0,-2)' gives no values to sweep"]),
+    (["train", "-m", "train.steps=range(1,3,0)"], ["train.steps: 'range(1,3,0)' is not a sweep",
+                                                   "range() arg 3 must not be zero"]),
     # a config group given a number, null or a list (Hydra raises ValueError or TypeError)
     (["train", "norm=inf"], ["norm: 'inf' is not an option of this group; allowed: ", "post, pre"]),
     (["train", "model/ffn=-1"], ["model/ffn: '-1' is not an option of this group", "swiglu"]),
