@@ -133,6 +133,21 @@ def _explain(err: Exception, overrides: list[str], compose) -> str:
     return str(omegaconf_error(cause))
 
 
+def _group_options(group: str) -> list[str]:
+    """A config group's options as Hydra lists them, with its kinds written as one file (whose
+    registry is loaded for this), inside an initialised Hydra; [] for a key that is no group."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llmlab.registry import Registry
+
+    registry = Registry.by_group.get(group)
+    try:
+        listed = GlobalHydra.instance().config_loader().get_group_options(group)
+    except Exception:  # not a group
+        listed = []
+    return sorted(set(listed) | set(registry.names() if registry is not None else []))
+
+
 def preflight(command: str, args: list[str], run_overrides: list[str] | None = None) -> None:
     """Compose and check every job of ``args``. ``run_overrides``: the overrides Hydra's run of
     a single job will compose with (`hydra_run_overrides`), when known; the first composition
@@ -148,17 +163,19 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
     from llmlab.errors import UserError
 
     resolve = command_of(command).job
-    try:
-        combos = expand_sweeps(overrides)
-    except HydraException as e:
-        fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
-    except UserError as e:
-        fail(str(e), 2)
     # Hydra's own settings (hydra.run.dir=..., hydra/launcher=joblib, ...) are composed once,
     # with the first combination, so a misspelt one is one line too; that composition serves as
     # the first job's too when it succeeds (one composition less in every run that sets one)
     extra = hydra_overrides(args)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=command):
+        try:
+            basic = not any(o.lstrip("+").startswith("hydra/sweeper=") for o in extra)  # another has its own types
+            combos = expand_sweeps(overrides, _group_options, basic=basic)
+        except HydraException as e:
+            fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
+        except UserError as e:
+            fail(str(e), 2)
+
         def compose_with(ovs):
             return compose(config_name=command, overrides=ovs)
 

@@ -94,9 +94,13 @@ def hydra_quote(value: str) -> str:
     return f"'{value}'"
 
 
-def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+def expand_sweeps(overrides: list[str], group_options=None, basic: bool = True) -> list[list[str]]:
     """Every combination of the sweep values in ``overrides`` (capped). Raises Hydra's error
-    for an override its grammar cannot read."""
+    for an override its grammar cannot read. ``group_options(group)``: a config group's
+    options, for a ``glob(...)`` sweep over them (without it, glob sweeps are left to Hydra).
+    ``basic``: Hydra's basic sweeper runs the sweep, which cannot draw from an interval."""
+    from hydra.core.override_parser.types import Glob, IntervalSweep
+
     choices = []
     for text in overrides:
         o = parse(text)
@@ -104,6 +108,17 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
             _parser().parse_override(text)  # raises Hydra's own account of what it cannot read
         if o.is_sweep_override():
             key, _, value = text.partition("=")
+            if basic and isinstance(o.value(), IntervalSweep):  # the basic sweeper raised at launch
+                raise ConfigError(f"{key.lstrip('+~')}: '{value}' is an interval, which only a sampling sweeper "
+                                  "(Optuna, Nevergrad) draws from; -m takes a list, range(), choice() or glob()")
+            options = group_options(o.key_or_group) if group_options and isinstance(o.value(), Glob) else None
+            if options:  # a glob that matches none would launch no job, and say nothing
+                matched = o.value().filter(options)
+                if not matched:
+                    raise ConfigError(f"{key.lstrip('+~')}: '{value}' matches none of the group's options: "
+                                      f"{', '.join(sorted(options))}")
+                choices.append([f"{key}={v}" for v in matched])
+                continue
             try:
                 values = [f"{key}={v}" for v in o.sweep_string_iterator()]
             except ValueError as e:  # range(1,3,0): Python's range refuses it, in Hydra's launch

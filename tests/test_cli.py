@@ -150,6 +150,9 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "-m", "seed=range(0,-2)"], ["seed: 'range(0,-2)' gives no values to sweep"]),
     (["train", "-m", "train.steps=range(1,3,0)"], ["train.steps: 'range(1,3,0)' is not a sweep",
                                                    "range() arg 3 must not be zero"]),
+    (["train", "-m", "model/attention=glob(zz*)"], ["model/attention: 'glob(zz*)' matches none of the group's options",
+                                                    "mha, mla"]),
+    (["train", "-m", "seed=interval(0,1)"], ["seed: 'interval(0,1)' is an interval", "-m takes a list, range()"]),
     # a config group given a number, null or a list (Hydra raises ValueError or TypeError)
     (["train", "norm=inf"], ["norm: 'inf' is not an option of this group; allowed: ", "post, pre"]),
     (["train", "model/ffn=-1"], ["model/ffn: '-1' is not an option of this group", "swiglu"]),

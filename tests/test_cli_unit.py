@@ -82,3 +82,13 @@ def test_added_overrides_join_the_users_so_flags_after_them_still_parse():
     assert add_overrides(args, ["hydra.x=1"]) == ["-m", "hydra.x=1", "seed=0,1", "--cfg", "job"]
     assert add_overrides(["-m"], ["hydra.x=1"]) == ["-m", "hydra.x=1"]
     assert add_overrides(["--cfg", "job", "a=1"], ["b=2"]) == ["--cfg", "job", "b=2", "a=1"]
+
+
+def test_a_glob_sweep_is_expanded_over_the_groups_options():
+    """``glob(...)`` over a config group's options is expanded where the options are known, so
+    its jobs are checked before any runs; without them it is left to Hydra, as before."""
+    options = {"model/attention": ["gqa", "mha", "mla", "mqa"]}.get
+    combos = expand_sweeps(["model/attention=glob(m*,exclude=mqa)", "seed=0,1"], lambda g: options(g, []))
+    assert combos == [["model/attention=mha", "seed=0"], ["model/attention=mha", "seed=1"],
+                      ["model/attention=mla", "seed=0"], ["model/attention=mla", "seed=1"]]
+    assert expand_sweeps(["model/attention=glob(m*)", "seed=0,1"]) == [["seed=0"], ["seed=1"]]
