@@ -197,7 +197,7 @@ class Builder:
         if self.workers is not None:
             return self.workers
         size = self.corpus.size(split)
-        return 0 if size is not None and size < SMALL_SPLIT else (os.cpuis_count() or 1)
+        return 0 if size is not None and size < SMALL_SPLIT else (os.cpu_count() or 1)
 
     def encode(self, split: str, tok: TextTokenizer, dtype: np.dtype, bar) -> dict[str, Any]:
         state = self.progress.setdefault("splits", {}).setdefault(split, {"shards": [], "done": False})

@@ -273,3 +273,25 @@ def test_files_keep_the_order_of_paths():
     assert sorted(names) != sorted(names, key=path_order)  # the plain string order differs here
     corpus = PythonSource(CORPUS.config({"kind": "pysource"}, "data"))
     assert corpus.files() == [str(p) for p in sorted(Path(f) for f in corpus.files())]
+
+
+def test_a_large_split_is_encoded_by_one_worker_per_core_unless_told(tmp_path):
+    """``data.workers`` unset: a split under `SMALL_SPLIT` is encoded in this process, a larger
+    one (or one of unknown size) by a worker per core; a set value is taken as it is."""
+    import os
+
+    from llmlab.data.build import SMALL_SPLIT, Builder
+
+    class Sized:
+        def __init__(self, size):
+            self.sizes = size
+
+        def size(self, split):
+            return self.sizes
+
+    def workers(size, setting=None):
+        return Builder(Sized(size), None, tmp_path, setting, True, 1000, {}).workers_for("train")
+
+    assert workers(SMALL_SPLIT - 1) == 0
+    assert workers(SMALL_SPLIT) == workers(None) == (os.cpu_count() or 1)
+    assert workers(SMALL_SPLIT * 4, setting=3) == 3
