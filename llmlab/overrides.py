@@ -108,25 +108,26 @@ def expand_sweeps(overrides: list[str], group_options=None, basic: bool = True) 
             _parser().parse_override(text)  # raises Hydra's own account of what it cannot read
         if o.is_sweep_override():
             key, _, value = text.partition("=")
-            if basic and isinstance(o.value(), IntervalSweep):  # the basic sweeper raised at launch
-                raise ConfigError(f"{key.lstrip('+~')}: '{value}' is an interval, which only a sampling sweeper "
+            name, swept = key.lstrip("+~"), o.value()
+            if basic and isinstance(swept, IntervalSweep):  # the basic sweeper raised at launch
+                raise ConfigError(f"{name}: '{value}' is an interval, which only a sampling sweeper "
                                   "(Optuna, Nevergrad) draws from; -m takes a list, range(), choice() or glob()")
-            options = group_options(o.key_or_group) if group_options and isinstance(o.value(), Glob) else None
+            options = group_options(o.key_or_group) if group_options and isinstance(swept, Glob) else None
             if options:  # a glob that matches none would launch no job, and say nothing
-                matched = o.value().filter(options)
+                matched = swept.filter(options)
                 if not matched:
-                    raise ConfigError(f"{key.lstrip('+~')}: '{value}' matches none of the group's options: "
+                    raise ConfigError(f"{name}: '{value}' matches none of the group's options: "
                                       f"{', '.join(sorted(options))}")
                 choices.append([f"{key}={v}" for v in matched])
                 continue
             try:
                 values = [f"{key}={v}" for v in o.sweep_string_iterator()]
             except ValueError as e:  # range(1,3,0): Python's range refuses it, in Hydra's launch
-                raise ConfigError(f"{key.lstrip('+~')}: '{value}' is not a sweep ({e})") from None
+                raise ConfigError(f"{name}: '{value}' is not a sweep ({e})") from None
             except Exception:  # glob sweeps and the like: Hydra checks them itself
                 continue
             if not values:  # range(0,-2): a sweep of no jobs would launch nothing, and say nothing
-                raise ConfigError(f"{key.lstrip('+~')}: '{value}' gives no values to sweep")
+                raise ConfigError(f"{name}: '{value}' gives no values to sweep")
             choices.append(values)
         else:
             choices.append([text])
