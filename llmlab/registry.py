@@ -164,6 +164,7 @@ def _name(value: Any) -> str:
 
 
 INT64 = 2 ** 63  # what torch and numpy hold: an integer setting past it overflows where it is used
+FLOAT32_MAX = 3.4028234663852886e38  # a number setting reaches float32 tensors (an lr, a scale): past it, an overflow there
 
 
 def _check(obj: Any, prefix: str) -> None:
@@ -190,6 +191,9 @@ def _check(obj: Any, prefix: str) -> None:
         if bounds is not None and value is not None and not _in_range(value, bounds):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be {_range_text(bounds, f.default is None)}, "
                               f"got {value}")
+        if isinstance(value, float) and abs(value) > FLOAT32_MAX and "float" in str(f.type):  # not Any (train.max_flops: its own line)
+            raise ConfigError(f"{join_key(prefix, f.name)}: {value:g} is out of range; a number setting is at most "
+                              f"{FLOAT32_MAX:.3g} in size (float32's largest)")
         if dataclasses.is_dataclass(value):
             _check(value, join_key(prefix, f.name))
     if isinstance(obj, Checked):

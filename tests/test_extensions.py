@@ -54,16 +54,25 @@ def test_the_four_compose_from_the_command_line_spelling():
     assert job.optim.beta2 == 0.999  # the nested Config's defaults
 
 
-@pytest.mark.parametrize("override, message", [
-    ("norm.init=0", "norm.init: must be > 0, got 0.0"),
-    ("pos.exponent=-1", "pos.exponent: must be > 0, got -1.0"),
-    ("optim.beta2=1", "optim.beta2: must be in [0, 1), got 1.0"),
+@pytest.mark.parametrize("group, override, message", [
+    ("norm=layerscale", "norm.init=0", "norm.init: must be in (0, 1], got 0.0"),
+    # a float32 overflow at build time, a traceback, before the range had an upper end
+    ("norm=layerscale", "norm.init=1e40", "norm.init: must be in (0, 1], got 1e+40"),
+    ("pos=alibi", "pos.exponent=-1", "pos.exponent: must be > 0, got -1.0"),
+    ("optim=radam", "optim.beta2=1", "optim.beta2: must be in [0, 1), got 1.0"),
+    # these three went to torch (a traceback) or trained with a setting that undoes the method
+    ("optim=muon", "optim.momentum=-1", "optim.momentum: must be in [0, 1), got -1.0"),
+    ("optim=muon", "optim.momentum=1", "optim.momentum: must be in [0, 1), got 1.0"),
+    ("optim=adafactor", "optim.beta2_decay=0.5", "optim.beta2_decay: must be <= 0, got 0.5"),
+    ("model.mtp_heads=1", "model.mtp_weight=-1", "model.mtp_weight: must be >= 0, got -1.0"),
+    # past float32, an lr overflowed in Lion's, SGD's and Muon's first step (a traceback)
+    ("optim=lion", "optim.lr=1e40", "optim.lr: 1e+40 is out of range; a number setting is at most 3.4e+38 in size "
+                                    "(float32's largest)"),
 ])
-def test_their_declared_ranges_are_checked(override, message):
+def test_their_declared_ranges_are_checked(group, override, message):
     from llmlab.errors import ConfigError
 
     register_parts("train")
-    group = {"norm": "norm=layerscale", "pos": "pos=alibi", "optim": "optim=radam"}[override.split(".")[0]]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = OmegaConf.to_container(compose("train", overrides=[group, override]), resolve=True)
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):

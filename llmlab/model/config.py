@@ -267,7 +267,7 @@ class ModelConfig(Checked):
     n_heads: int = bounded(4, at_least=1)
     max_seq_len: int = bounded(256, at_least=1)
     mtp_heads: int = bounded(0, at_least=0)  # extra heads predicting tokens t+2 ... t+1+mtp_heads
-    mtp_weight: float = 0.3  # weight of the mean MTP loss in the training loss
+    mtp_weight: float = bounded(0.3, at_least=0)  # weight of the mean MTP loss in the training loss
     bias: bool = False
     tie_embeddings: bool = True
     init_std: float = bounded(0.02, at_least=0)  # the std of the normal the weights start from

@@ -67,7 +67,7 @@ class LionConfig:
 class AdafactorConfig(Checked):
     kind: str = "adafactor"
     lr: float = bounded(1e-2, above=0)  # peak learning rate; the schedule scales it
-    beta2_decay: float = -0.8  # the second moment's decay at step t is 1 - t^beta2_decay
+    beta2_decay: float = bounded(-0.8, at_most=0)  # the second moment's decay at step t is 1 - t^beta2_decay
     eps: float = bounded(1e-3, at_least=0)  # updates are clipped relative to max(eps, RMS of the parameter)
     weight_decay: float = bounded(0.0, at_least=0)
     decay_embeddings: bool = False
@@ -81,7 +81,7 @@ class AdafactorConfig(Checked):
 class MuonConfig(Checked):
     kind: str = "muon"
     lr: float = bounded(0.02, above=0)
-    momentum: float = 0.95
+    momentum: float = bounded(0.95, at_least=0, below=1)  # at 1 the buffer never takes a gradient; above, it diverges
     nesterov: bool = True
     weight_decay: float = bounded(0.0, at_least=0)
     adjust_lr: str | None = choice("match_rms_adamw", (None, "original", "match_rms_adamw"))  # scale updates so one lr suits every shape

@@ -21,7 +21,7 @@ class LayerScaleBlock(Block):
     @dataclass
     class Config(NormConfig):
         placement: str = "layerscale"
-        init: float = bounded(0.1, above=0)  # the scales' first value (CaiT: 0.1 to depth 18, 1e-5 at 24, 1e-6 beyond)
+        init: float = bounded(0.1, above=0, at_most=1)  # the scales' first value (CaiT: 0.1 to depth 18, 1e-5 at 24, 1e-6 beyond)
 
     def __init__(self, cfg: NormConfig, attn: nn.Module, ffn: nn.Module, d_model: int):
         super().__init__(cfg, attn, ffn, d_model)
