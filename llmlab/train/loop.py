@@ -121,6 +121,9 @@ class Trainer:
         self.evaluator = Evaluator(self.val_tokens, self.seq_len, loop, self.amp, self.distiller, self.tokenizer,
                                    self.bytes_per_token_val, job.seed, self.device)
         dist = self.dist
+        if loop.fsdp and not dist.enabled:
+            console.out.print("train.fsdp: one process holds the whole model, so nothing is sharded; start several "
+                              "with torchrun --nproc_per_node=N to shard it", style="yellow")
         parallel = (f"; {dist.world_size} ranks, {'FSDP2' if dist.fsdp else 'DDP'}" if dist.enabled else "")
         if dist.context > 1:
             parallel += (f", each sequence split across {dist.context} of them (ring attention, "

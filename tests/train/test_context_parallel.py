@@ -100,3 +100,11 @@ def test_one_process_cannot_share_a_sequence(tmp_path):
     assert r.stderr.strip() == ("llmlab: error: train.context_parallel: 2 ranks share each sequence, so the ranks "
                                 "must be a multiple of 2; it runs in one process; start 2 (or a multiple) with "
                                 "torchrun --nproc_per_node=2")
+
+
+def test_one_process_with_fsdp_says_nothing_is_sharded(tmp_path):
+    """train.fsdp=true without torchrun trains as one process would, and says so (it was silent)."""
+    r = run_cli("train", *common(tmp_path), "train.fsdp=true", "train.steps=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert ("train.fsdp: one process holds the whole model, so nothing is sharded; start several with torchrun "
+            "--nproc_per_node=N to shard it") in r.stdout
