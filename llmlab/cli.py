@@ -251,13 +251,16 @@ def _group_value_error(overrides: list[str], command: str = "train") -> str | No
         try:  # the groups this command composes, from its config without this override
             from hydra import compose
             cfg = compose(config_name=command, overrides=[t for t in overrides if t != text], return_hydra_config=True)
-            groups = sorted(g for g in cfg.hydra.runtime.choices if not g.startswith("hydra"))
+            choices = cfg.hydra.runtime.choices
+            groups = sorted(g for g in choices if not g.startswith("hydra"))
         except Exception:
-            groups = None
+            choices = groups = None
         if groups is not None and group not in groups:
             return f"{group}: llmlab {command} has no such config group; its groups: {', '.join(groups)}"
         shown = text.partition("=")[2]
         what = "takes one option, not a list" if isinstance(value, list) else "is not an option of this group"
+        if value is None and choices is not None and choices.get(group) is None:  # an optional group, off by default
+            what += f" (it is off unless chosen; ~{group} drops one chosen earlier)"
         return f"{group}: '{shown}' {what}; allowed: {', '.join(sorted(options))}"
     return None
 

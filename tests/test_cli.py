@@ -157,9 +157,14 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "norm=inf"], ["norm: 'inf' is not an option of this group; allowed: ", "post, pre"]),
     (["train", "model/ffn=-1"], ["model/ffn: '-1' is not an option of this group", "swiglu"]),
     (["train", "objective=null"], ["objective: 'null' is not an option of this group; allowed: clm, mlm"]),
+    # an optional group's null (its default): Hydra takes none; the line says how to drop one
+    (["eval", "analysis=null"], ["analysis: 'null' is not an option of this group (it is off unless chosen; ~analysis "
+                                 "drops one chosen earlier); allowed: attention"]),
     (["train", "model/attention=[mha,gqa]"], ["model/attention: '[mha,gqa]' takes one option, not a list"]),
     (["train", "--cfg", "job", "pos=nan"], ["pos: 'nan' is not an option of this group", "rope"]),
     (["eval", "norm=inf"], ["norm: llmlab eval has no such config group; its groups: "]),
+    # the tokenizers library's OverflowError (a traceback) after the corpus was read
+    (["tokenize", "tokenizer.min_frequency=-1"], ["tokenizer.min_frequency: must be >= 0, got -1"]),
     # an integer past int64 overflows where it is used
     (["train", "train.grad_accum=99999999999999999999"], ["train.grad_accum: 99999999999999999999 is out of range"]),
     # numpy's generators take no negative seed (it was their ValueError, after the data was prepared)

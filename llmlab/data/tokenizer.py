@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Checked, Registry
+from llmlab.registry import Checked, Registry, bounded
 
 TOKENIZER = Registry("tokenizer", group="tokenizer")
 EOS = "<|endoftext|>"
@@ -173,7 +173,7 @@ class ByteLevelBPE(TokenizerFactory):
     class Config(Checked):
         kind: str = "bpe"
         vocab_size: int = 8192
-        min_frequency: int = 2
+        min_frequency: int = bounded(2, at_least=0)  # a pair seen fewer times is not merged
         train_bytes: int = 256_000_000  # text it learns from: a fixed sample of the train split, by document hash
 
         def check(self, prefix: str) -> None:

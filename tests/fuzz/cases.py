@@ -65,7 +65,14 @@ OVERRIDE_KEYS = {
               "train.head_loss", "optim.lr", "optim.weight_decay", "optim.beta2", "sched", "sched.warmup",
               "model.d_model", "model.n_heads", "model.n_layers", "model.max_seq_len", "model/attention",
               "attention.kv_heads", "norm", "pos", "model/ffn", "objective", "tokenizer", "precision", "device",
-              "seed", "data.val_fraction", "model.init_std", "model.mtp_heads", "train.prompts", "nonsense.key"],
+              "seed", "data.val_fraction", "model.init_std", "model.mtp_heads", "train.prompts", "nonsense.key",
+              # a kind's own settings, with the kind chosen first
+              "optim=muon optim.momentum", "optim=muon optim.lr", "optim=lion optim.lr", "optim=sgd optim.lr",
+              "optim=adafactor optim.beta2_decay", "norm=layerscale norm.init", "model.mtp_heads=1 model.mtp_weight",
+              "model/attention=mla attention.kv_rank", "model/attention=swa attention.window",
+              "model/attention=dsa attention.topk", "model/ffn=moe ffn.top_k", "sched=wsd sched.decay_fraction",
+              "sched.warmup_share", "model.parametrization", "train.max_time", "train.batch_tokens", "train.fsdp",
+              "train.context_parallel"],
     "sample": ["max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "num_samples",
                "seed", "device", "precision", "pack_weights", "prompt", "draft", "spec.k", "spec.mtp",
                "spec.draft_vocab", "stop_at_eos", "nonsense"],
@@ -343,9 +350,10 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
                         else ["train", *data, *TINY, "train.steps=2", "hydra.run.dir=other"])
     else:
         command = rng.choice(list(OVERRIDE_KEYS))
-        key, value = rng.choice(OVERRIDE_KEYS[command]), rng.choice(OVERRIDE_VALUES)
+        *kind, key = rng.choice(OVERRIDE_KEYS[command]).split()  # "optim=muon optim.momentum": the kind, then its key
+        value = rng.choice(OVERRIDE_VALUES)
         setting = f"{key}={value}"
-        case.what = setting
+        case.what = " ".join([*kind, setting])
         base_args = {"train": [*data, *TINY, "train.steps=2", "hydra.run.dir=other"],
                      "sample": [f"ckpt={run}", "max_new_tokens=4", "prompt=x"],
                      "eval": [f"ckpt={run}", "max_batches=2"],
@@ -354,7 +362,7 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
                      "tokenize": [*data, "tokenizer=byte"]}[command]
         # the fuzzed setting replaces the base's own value of that key
         args = [a for a in base_args if a.split("=")[0] != key]
-        case.command = [command, *args, setting]
+        case.command = [command, *args, *kind, setting]
     return case
 
 
