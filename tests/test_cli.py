@@ -498,6 +498,17 @@ def test_export_to_transformers_scores_like_llmlab_eval(trained):
     tokens = np.asarray(transformers.AutoTokenizer.from_pretrained(root / "exported").encode(text), dtype=np.int64)
     assert abs(hf_loss(root / "exported", tokens, 32) - ours) < 1e-4
     one_line_error(run_cli("export", "ckpt=outputs/run", "out=exported", cwd=root), 1, "out:", "overwrite=true")
+    # overwrite=true replaces an earlier export; it deleted any directory, the checkpoint's own included
+    again = run_cli("export", "ckpt=outputs/run", "out=exported", "overwrite=true", cwd=root)
+    assert again.returncode == 0, again.stderr
+    one_line_error(run_cli("export", "ckpt=outputs/run", "out=outputs", "overwrite=true", cwd=root), 1,
+                   "out: outputs holds the checkpoint being exported", "overwrite=true would delete it")
+    (root / "mine").mkdir()
+    (root / "mine" / "notes.txt").write_text("keep me")
+    one_line_error(run_cli("export", "ckpt=outputs/run", "out=mine", "overwrite=true", cwd=root), 1,
+                   "out: mine is not an earlier export (it holds notes.txt)")
+    assert (root / "mine" / "notes.txt").read_text() == "keep me"
+    assert (root / "outputs" / "run" / "checkpoints").is_dir()
     # out= under a file: one line (mkdir of the file's name), as for a run directory
     one_line_error(run_cli("export", "ckpt=outputs/run", "out=score.txt/hf", cwd=root), 1,
                    "cannot write a file (score.txt): a file stands where a directory belongs")

@@ -174,14 +174,37 @@ def pick_family(spec, model) -> Family:
     raise UserError(f"export: transformers cannot represent this model ({detail})")
 
 
+# what `export_hf` writes: overwrite=true replaces a directory of these files and nothing else
+EXPORT_FILES = frozenset({"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                          "tokenizer_config.json", "special_tokens_map.json"})
+
+
+def check_out(out: Path, ckpt: Path, overwrite: bool) -> None:
+    """``out`` may be new, empty, or (with overwrite) an earlier export. Replacing it deletes
+    what it holds, so a directory with anything an export does not write (the checkpoint
+    itself, a run, a user's notes) is refused whatever overwrite says."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return  # new or empty (a file in the way is the writer's one line)
+    if not overwrite:
+        raise UserError(f"out: {out} exists and is not empty; choose another out= or pass overwrite=true")
+    if ckpt.resolve().is_relative_to(out.resolve()):
+        raise UserError(f"out: {out} holds the checkpoint being exported ({ckpt}); overwrite=true would delete it; "
+                        "choose another out=")
+    foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                     if p.name not in EXPORT_FILES or not p.is_file())
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserError(f"out: {out} is not an earlier export (it holds {shown}); overwrite=true replaces only "
+                        "an export's own files; choose another out=")
+
+
 def export_hf(ckpt, model, out: Path, overwrite: bool = False) -> dict:
     """Write the transformers directory for ``model`` (built from ``ckpt``) to ``out``,
     atomically: a temporary directory renamed into place."""
     spec = model.spec
     family = pick_family(spec, model)
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"out: {out} exists and is not empty; choose another out= or pass overwrite=true")
+    check_out(out, Path(ckpt.path), overwrite)
     tok = ckpt.tokenizer()
     config = family.config(spec, model, tok.eos_id)
     weights = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in family.weights(model).items()}
