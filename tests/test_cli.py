@@ -232,7 +232,7 @@ def test_directory_that_is_not_a_checkpoint(tmp_path):
 
 def test_empty_corpus(tmp_path):
     r = run_cli("tokenize", "data=text", f"data.paths=[{tmp_path}/missing/*.txt]", cwd=tmp_path)
-    one_line_error(r, 1, "data.paths: no files matched")
+    one_line_error(r, 1, f"data.paths: '{tmp_path}/missing/*.txt' matches no file")
 
 
 def test_corpus_smaller_than_one_block(tmp_path):

@@ -167,16 +167,28 @@ class TextFiles(Corpus):
         if not patterns:
             raise ConfigError("data.paths: no files given; set data.paths=[file.txt,'dir/**/*.md']")
         found: set[str] = set()
-        for pattern in patterns:
-            pattern = os.path.expanduser(pattern)
+        for written in patterns:  # each names at least one file: a typo among several was dropped in silence
+            pattern = os.path.expanduser(written)
             matches = glob.iglob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
-            found.update(os.path.realpath(m) for m in matches if os.path.isfile(m))
-        if not found:
-            raise UserError(f"data.paths: no files matched {patterns}")
+            files = {os.path.realpath(m) for m in matches if os.path.isfile(m)}
+            if not files:
+                raise UserError(f"data.paths: {_no_file(written, pattern)}")
+            found |= files
         return sorted(found, key=path_order)
 
     def fingerprint(self) -> dict[str, Any]:
         return _files_fingerprint(self._listed())
+
+
+def _no_file(written: str, pattern: str) -> str:
+    """Why ``data.paths`` entry ``written`` (``pattern`` once ``~`` is expanded) names no file."""
+    if glob.has_magic(pattern):
+        return f"'{written}' matches no file"
+    if os.path.isdir(pattern):
+        return f"{written} is a directory; name its files with a glob such as '{written.rstrip('/')}/**/*.txt'"
+    if os.path.lexists(pattern):
+        return f"{written} is not a regular file" + (" (a broken symbolic link)" if os.path.islink(pattern) else "")
+    return f"{written} does not exist"
 
 
 def row_fractions(start: int, stop: int) -> "Any":

@@ -124,8 +124,27 @@ def test_repairs_are_counted_exactly_across_the_reads_of_a_large_file(tmp_path):
 
 
 def test_empty_corpus_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match=r"^data.paths: no files matched"):
+    with pytest.raises(UserError, match=r"^data.paths: '.*nothing\*.txt' matches no file$"):
         prep.prepare({**TEXT, "paths": [str(tmp_path / "nothing*.txt")]}, BYTE, str(tmp_path / "c"), quiet=True)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("typo.txt", "typo.txt does not exist"),
+    ("'*.md'", "'*.md' matches no file"),
+    ("docs", "docs is a directory; name its files with a glob such as 'docs/**/*.txt'"),
+    ("gone.txt", "gone.txt is not a regular file (a broken symbolic link)"),
+])
+def test_every_path_names_a_file(tmp_path, monkeypatch, entry, message):
+    """One entry of data.paths that names no file, beside one that does, is one line; it was
+    left out in silence and the corpus built from the rest."""
+    monkeypatch.chdir(tmp_path)
+    Path("a.txt").write_text("def f():\n    return 1\n" * 50)
+    Path("docs").mkdir()
+    Path("gone.txt").symlink_to("nowhere.txt")
+    with pytest.raises(UserError) as e:
+        prep.prepare({**TEXT, "paths": ["a.txt", entry.strip("'")]}, BYTE, str(tmp_path / "c"), quiet=True)
+    assert str(e.value) == f"data.paths: {message}"
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 
 def test_split_is_deterministic_disjoint_and_by_document(tmp_path):
