@@ -251,6 +251,14 @@ class HFDataset(Corpus):
                 allowed = ", ".join(sorted(self.LOCAL_BUILDERS))
                 raise UserError(f"data.path: local files must share one of the suffixes {allowed}")
             builder, kwargs = self.LOCAL_BUILDERS[Path(local[0]).suffix], {"data_files": local}
+            if all(os.path.getsize(p) == 0 for p in local):  # the builder's bare StopIteration otherwise
+                files = "its files are" if len(local) > 1 else "the file is"
+                raise UserError(f"data.path: '{self.cfg.path}' holds no rows: {files} empty")
+        elif glob.has_magic(path) or (Path(path).suffix in self.LOCAL_BUILDERS and not os.path.exists(path)):
+            # meant as local files (a hub name has no glob and no file suffix): not a hub lookup
+            what = "matches no file" if glob.has_magic(path) else "does not exist"
+            raise UserError(f"data.path: '{self.cfg.path}' {what} (a local file; a hub dataset is named without a "
+                            "suffix, such as wikitext)")
         elif os.path.isdir(path) and (Path(path) / "dataset_info.json").exists():
             ds = datasets.load_from_disk(path)
             return self._checked(split, ds[split] if isinstance(ds, datasets.DatasetDict) else ds)

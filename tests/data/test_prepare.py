@@ -225,6 +225,21 @@ def test_hf_corpus_reads_local_files_through_datasets(tmp_path, fmt):
         prep.prepare({**data, "text_column": "id"}, BYTE, str(tmp_path / "cache"), quiet=True)
 
 
+@pytest.mark.parametrize("path, message", [
+    # it was taken for a hub name: a lookup on the network, then the hub's error
+    ("missing.jsonl", "'missing.jsonl' does not exist (a local file; a hub dataset is named without a suffix"),
+    ("nowhere/*.jsonl", "'nowhere/*.jsonl' matches no file (a local file; a hub dataset is named without a suffix"),
+    # the json builder's bare StopIteration
+    ("empty.jsonl", "'empty.jsonl' holds no rows: the file is empty"),
+])
+def test_hf_local_files_that_are_not_there_or_empty_are_one_line(tmp_path, monkeypatch, path, message):
+    monkeypatch.chdir(tmp_path)
+    Path("empty.jsonl").write_text("")
+    with pytest.raises(UserError) as e:
+        prep.prepare({"kind": "hf", "path": path, "val_fraction": 0.1}, BYTE, str(tmp_path / "cache"), quiet=True)
+    assert str(e.value).startswith(f"data.path: {message}")
+
+
 def test_hf_rows_without_text_are_said_and_read_as_empty_documents(tmp_path, capsys):
     import datasets
 
