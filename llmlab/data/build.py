@@ -390,5 +390,8 @@ def check_empty(meta: dict[str, Any]) -> None:
     if meta["train"]["docs"] + meta["val"]["docs"] == 0:
         raise UserError("data: the corpus is empty: no documents were found")
     if meta["train"]["tokens"] + meta["val"]["tokens"] == 0:
-        raise UserError(f"data: the corpus is empty: its {meta['train']['docs'] + meta['val']['docs']:,} documents "
-                        "hold no text")
+        docs, size = meta["train"]["docs"] + meta["val"]["docs"], meta["train"]["bytes"] + meta["val"]["bytes"]
+        if size:  # text the tokenizer makes nothing of (a pretrained one with an empty vocabulary, say)
+            raise UserError(f"data: the tokenizer encodes the corpus's {docs:,} documents ({size:,} bytes) to no "
+                            "tokens; check the tokenizer (tokenizer.kind, tokenizer.path)")
+        raise UserError(f"data: the corpus is empty: its {docs:,} documents hold no text")

@@ -265,6 +265,19 @@ def test_a_vocabulary_the_corpus_cannot_fill_is_said(tmp_path, capsys):
             "it has no more pairs seen at least tokenizer.min_frequency=2 times") in err
 
 
+def test_a_tokenizer_that_encodes_the_corpus_to_nothing_is_named(tmp_path, corpus_dir):
+    """A pretrained tokenizer with an empty vocabulary (and no EOS) makes no tokens of the text;
+    the line said the documents held no text."""
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.BPE()).save(str(tmp_path / "empty.json"))
+    with pytest.raises(UserError, match=r"^data: the tokenizer encodes the corpus's \d+ documents \([\d,]+ bytes\) "
+                                        r"to no tokens; check the tokenizer"):
+        prep.prepare({**TEXT, "paths": [str(corpus_dir / "*")]},
+                     {"kind": "pretrained", "path": str(tmp_path / "empty.json"), "eos": None},
+                     str(tmp_path / "c"), quiet=True)
+
+
 def test_pretrained_tokenizer_file_is_used_as_is(tmp_path, corpus_dir):
     data = {**TEXT, "paths": [str(corpus_dir / "*")]}
     bpe = prep.prepare(data, {"kind": "bpe", "vocab_size": 300, "min_frequency": 1}, str(tmp_path / "c"), quiet=True)
