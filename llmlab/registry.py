@@ -63,7 +63,11 @@ def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
     word = _expected(owner, getattr(e, "key", None))
     if word is not None and (getattr(e, "value", None) is not None or isinstance(e, ValidationError)):
         # a null where the field takes none is a ValidationError with no value: said as written
-        return ConfigError(f"{key}: expected {word}, got {'null' if e.value is None else repr(e.value)}")
+        hint = ""
+        if word == "a list" and isinstance(e.value, str) and e.value.startswith("[") and e.value.endswith("]"):
+            # Hydra's grammar takes [a=b] as text: an element with '=' (a sweep job's directory) needs quotes
+            hint = f"; quote an element that holds '=': {key}=['a=b',c]"
+        return ConfigError(f"{key}: expected {word}, got {'null' if e.value is None else repr(e.value)}{hint}")
     if "does not support deletion" in str(e):  # ~key on a field of a schema
         return deletion_error(key)
     return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")

@@ -163,6 +163,9 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "model/attention=[mha,gqa]"], ["model/attention: '[mha,gqa]' takes one option, not a list"]),
     (["train", "--cfg", "job", "pos=nan"], ["pos: 'nan' is not an option of this group", "rope"]),
     (["eval", "norm=inf"], ["norm: llmlab eval has no such config group; its groups: "]),
+    # a sweep job's directory has '=' in its name: unquoted in a list, Hydra reads the list as text
+    (["report", "runs=[sw/0_optim.lr=0.001]"], ["runs: expected a list, got '[sw/0_optim.lr=0.001]'; quote an "
+                                                "element that holds '=': runs=['a=b',c]"]),
     # the tokenizers library's OverflowError (a traceback) after the corpus was read
     (["tokenize", "tokenizer.min_frequency=-1"], ["tokenizer.min_frequency: must be >= 0, got -1"]),
     # an integer past int64 overflows where it is used
