@@ -439,6 +439,11 @@ def test_eval_a_text_file(trained, monkeypatch):
     assert "text: 1 byte sequences of other.txt are not UTF-8 and are scored as U+FFFD" in " ".join(r.stderr.split())
     assert kept == [True]
     assert json.loads((root / "outputs" / "ev2" / "eval.json").read_text())["source"] == "other.txt"
+    # shorter than one window of the model's context: the line named the val split and model.max_seq_len
+    (root / "short.txt").write_text("x = 1\n")
+    one_line_error(run_cli("eval", "ckpt=outputs/run", "text=short.txt", cwd=root), 1,
+                   "text: short.txt has ", " tokens, fewer than one window of 33 (the model's context of 32 and the "
+                   "token after it); give more text")
 
 
 def test_eval_max_batches_and_loss_by_position(trained):

@@ -8,6 +8,7 @@ from typing import Any
 
 from llmlab.commands import Command
 from llmlab.data.corpus import CORPUS
+from llmlab.errors import UserError
 from llmlab.eval.analysis import ANALYSIS
 from llmlab.registry import Checked, bounded, choice, section
 from llmlab.train.device import PRECISIONS
@@ -69,6 +70,10 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     model = build_model(ckpt, device)
     tokens, nbytes, source = eval_tokens(ckpt, job.text, job.split, job.data, job.cache_dir)
     block = model.max_seq_len
+    if len(tokens) < block + 1:  # the model's context is fixed here: more text is the only remedy
+        key = "text" if job.text else "data" if job.data else "split"
+        raise UserError(f"{key}: {source} has {len(tokens):,} tokens, fewer than one window of {block + 1:,} (the "
+                        f"model's context of {block:,} and the token after it); give more text")
     cap = job.max_windows(block)
     n_windows = num_fixed_windows(tokens, block, cap)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
