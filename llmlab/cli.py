@@ -298,6 +298,54 @@ def _plain_settings(command: str) -> list[str]:
             and (f.default_factory is dataclasses.MISSING or not dataclasses.is_dataclass(f.default_factory()))]
 
 
+# Hydra's command-line flags that take a value: (short, long)
+VALUE_FLAGS = {"--config-path": "-cp", "--config-name": "-cn", "--config-dir": "-cd", "--shell-completion": "-sc",
+               "--experimental-rerun": None, "--package": "-p"}
+
+
+def _flag_values(rest: list[str]) -> list[tuple[str, str | None]]:
+    """(long flag, its value or None where the line ends) for each of Hydra's value flags in
+    ``rest``, written ``-cd DIR``, ``--config-dir DIR`` or ``--config-dir=DIR``."""
+    names = {**{f: f for f in VALUE_FLAGS}, **{s: f for f, s in VALUE_FLAGS.items() if s}}
+    found = []
+    for i, arg in enumerate(rest):
+        flag, eq, value = arg.partition("=")
+        if flag in names:
+            found.append((names[flag], value if eq else (rest[i + 1] if i + 1 < len(rest) else None)))
+    return found
+
+
+def check_hydra_flags(command: str, rest: list[str]) -> None:
+    """Hydra's flags that would end in its traceback or a multi-line error, or do what llmlab
+    does not: one line each, before anything loads."""
+    import os
+
+    dirs = []
+    for flag, value in _flag_values(rest):
+        if value is None:
+            fail(f"{flag}: give a value ({flag} VALUE)", 2)
+        if flag == "--config-path":  # replaces llmlab's own configs, so every command's config is lost
+            fail("--config-path: llmlab's commands compose the configs they ship; add a directory of your own "
+                 "with --config-dir DIR", 2)
+        if flag == "--experimental-rerun":  # Hydra reruns a job from a pickle, which runs code as it loads
+            fail("--experimental-rerun: not offered; it loads a pickled job, and llmlab loads no pickle. Rerun "
+                 "from the run's .hydra/overrides.yaml instead", 2)
+        if flag == "--shell-completion":
+            fail(f"--shell-completion: not offered for llmlab {command}", 2)
+        if flag == "--config-dir":
+            path = os.path.expanduser(value)
+            if not os.path.isdir(path):
+                fail(f"--config-dir: {value} is not a directory", 2)
+            dirs.append(path)
+    for flag, value in _flag_values(rest):
+        if flag == "--config-name" and value != command:
+            name = value[:-5] if value.endswith(".yaml") else value
+            if not any(os.path.isfile(os.path.join(d, name + ".yaml")) for d in dirs):
+                where = f" in --config-dir {', '.join(dirs)}" if dirs else " (give --config-dir DIR with DIR/" \
+                        f"{name}.yaml)"
+                fail(f"--config-name: no config '{name}'{where}; llmlab {command} composes {command}.yaml", 2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     RESOLVED.clear()  # one command line's jobs (several calls share a process in tests and notebooks)
@@ -317,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in USAGE_COMMANDS:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
+    check_hydra_flags(command, rest)
     if sweeping and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
     if not sweeping and not {"--help", "-h"} & set(rest):

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 
 from llmlab.model.attention import ATTENTION
@@ -166,6 +167,13 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     # a sweep job's directory has '=' in its name: unquoted in a list, Hydra reads the list as text
     (["report", "runs=[sw/0_optim.lr=0.001]"], ["runs: expected a list, got '[sw/0_optim.lr=0.001]'; quote an "
                                                 "element that holds '=': runs=['a=b',c]"]),
+    # Hydra's flags: its traceback (-cd), its multi-line error (-cn, -cp), a pickle loaded (--experimental-rerun)
+    (["train", "-cd", "/nonexistent-llmlab"], ["--config-dir: /nonexistent-llmlab is not a directory"]),
+    (["train", "--config-name=nope"], ["--config-name: no config 'nope' (give --config-dir DIR with DIR/nope.yaml); "
+                                       "llmlab train composes train.yaml"]),
+    (["train", "-cp", "/tmp"], ["--config-path: llmlab's commands compose the configs they ship"]),
+    (["train", "--experimental-rerun", "config.pickle"], ["--experimental-rerun: not offered; it loads a pickled job"]),
+    (["sample", "--shell-completion", "install=bash"], ["--shell-completion: not offered for llmlab sample"]),
     # the tokenizers library's OverflowError (a traceback) after the corpus was read
     (["tokenize", "tokenizer.min_frequency=-1"], ["tokenizer.min_frequency: must be >= 0, got -1"]),
     # an integer past int64 overflows where it is used
@@ -194,6 +202,18 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
     one_line_error(check_cli(*args, cwd=tmp_path), 2, *fragments)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_an_experiment_config_of_ones_own_composes_over_the_command(tmp_path):
+    """-cd DIR -cn NAME: DIR/NAME.yaml builds on the command's config (Hydra's experiment
+    pattern), and the command line still wins."""
+    (tmp_path / "exps").mkdir()
+    (tmp_path / "exps" / "small.yaml").write_text("defaults:\n  - train\n  - _self_\ntrain:\n  steps: 3\n"
+                                                    "model:\n  d_model: 64\n")
+    r = run_cli("train", "-cd", "exps", "-cn", "small", "model.d_model=96", "--cfg", "job", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["train"]["steps"] == 3 and cfg["model"]["d_model"] == 96 and cfg["optim"]["kind"] == "adamw"
 
 
 @pytest.mark.parametrize("args, fragment", [
