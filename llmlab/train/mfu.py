@@ -109,15 +109,20 @@ def _peak_file() -> Path:
     return cache_root() / "peak.json"
 
 
+# no device's matmul reaches 1e17 FLOP/s (the largest GPUs' dense peaks are near 1e15): a kept
+# peak above it was edited by hand, and would make every run's MFU read 0%
+MAX_PEAK = 1e17
+
+
 def _usable_peak(entry) -> bool:
     flops = entry.get("flops") if isinstance(entry, dict) else None
-    return isinstance(flops, (int, float)) and not isinstance(flops, bool) and 0 < flops < float("inf")
+    return isinstance(flops, (int, float)) and not isinstance(flops, bool) and 0 < flops < MAX_PEAK
 
 
 def _cached_peaks() -> tuple[dict, str | None]:
     """The peaks kept in ``peak.json`` and a line on what in it could not be used (a damaged
     or hand-edited file), or None."""
-    return read_kept(_peak_file(), "the matmul peak", _usable_peak, "an object with a positive flops")
+    return read_kept(_peak_file(), "the matmul peak", _usable_peak, f"an object with a positive flops below {MAX_PEAK:.0e}")
 
 
 def _store_peak(key: str, entry: dict) -> bool:

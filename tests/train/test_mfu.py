@@ -92,7 +92,10 @@ def test_a_run_faster_than_the_peak_raises_it(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,why", [("{\"cpu|x\": {\"flops\": 1e11", "not JSON"), ("[1e11]", "not a JSON object"),
-                                      ("{\"cpu|x\": {\"flops\": \"fast\"}, \"cpu|y\": -1}", "2 entries not an object")])
+                                      ("{\"cpu|x\": {\"flops\": \"fast\"}, \"cpu|y\": -1}", "2 entries not an object"),
+                                      # a peak no device reaches: every run's MFU read 0.0%
+                                      ("{\"cpu|x\": {\"flops\": 1e30}}", "1 entry not an object with a positive "
+                                                                            "flops below 1e+17")])
 def test_a_damaged_peak_file_is_said_and_written_anew(tmp_path, monkeypatch, text, why):
     """peak.json edited by hand or cut short: the run measures the peak, its note (the run's
     header line) names the file and what was wrong, and the file is written whole again with
