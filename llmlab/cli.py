@@ -315,6 +315,37 @@ def _flag_values(rest: list[str]) -> list[tuple[str, str | None]]:
     return found
 
 
+def check_launch_env(command: str) -> None:
+    """torchrun's variables, as a shell may have left them (exported by hand, or from another
+    job): each read below with int(), and a world of several ranks needs the rendezvous
+    address. One line here instead of a ValueError traceback there."""
+    import os
+
+    values = {}
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        text = os.environ.get(name, "")
+        if text.strip() == "":
+            continue
+        try:
+            values[name] = int(text)
+        except ValueError:
+            values[name] = -1
+        if values[name] < 0:
+            fail(f"{name}: expected a whole number >= 0 (torchrun sets it), got '{text}'; unset it to run one "
+                 "process", 2)
+    world = values.get("WORLD_SIZE", 1)
+    if world == 0:
+        fail("WORLD_SIZE: 0 ranks; unset it to run one process, or start the ranks with torchrun", 2)
+    if values.get("RANK", 0) >= world:
+        fail(f"RANK: {values['RANK']} is not below WORLD_SIZE={world}; start the ranks with torchrun", 2)
+    if command == "train" and world > 1:
+        missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(n)]
+        if missing:
+            fail(f"WORLD_SIZE: {world} ranks, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                 "set; start the ranks with torchrun --nproc_per_node=N (it sets them), or unset WORLD_SIZE to run "
+                 "one process", 2)
+
+
 def check_hydra_flags(command: str, rest: list[str]) -> None:
     """Hydra's flags that would end in its traceback or a multi-line error, or do what llmlab
     does not: one line each, before anything loads."""
@@ -366,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)
     check_hydra_flags(command, rest)
+    check_launch_env(command)
     if sweeping and {"--cfg", "-c", "--info"} & set(rest):
         fail("-m cannot be combined with --cfg or --info; drop -m to see one job's config", 2)
     if not sweeping and not {"--help", "-h"} & set(rest):
@@ -415,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     # instead of printing a shortened traceback, so a disk problem there is one line too
     import os
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    worker = command == "train" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    worker = command == "train" and int(os.environ.get("WORLD_SIZE") or 1) > 1
     try:
         try:
             try:

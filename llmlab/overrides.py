@@ -216,7 +216,7 @@ def keep_worker_ranks_out_of_outputs(args: list[str]) -> list[str]:
     import os
     import tempfile
 
-    if int(os.environ.get("WORLD_SIZE", 1)) <= 1 or int(os.environ.get("RANK", 0)) == 0:
+    if int(os.environ.get("WORLD_SIZE") or 1) <= 1 or int(os.environ.get("RANK") or 0) == 0:
         return args
     scratch = Path(tempfile.gettempdir()) / f"llmlab-rank{os.environ['RANK']}"
     args = [a for a in args if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir=", "hydra.output_subdir="))]

@@ -204,6 +204,28 @@ def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize("env, fragment", [
+    # a ValueError traceback from int() where the rank is read, or from torch's rendezvous
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE: expected a whole number >= 0 (torchrun sets it), got 'abc'"),
+    ({"LOCAL_RANK": "x"}, "LOCAL_RANK: expected a whole number >= 0 (torchrun sets it), got 'x'"),
+    ({"WORLD_SIZE": "2", "RANK": "3"}, "RANK: 3 is not below WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "", "MASTER_PORT": ""},
+     "WORLD_SIZE: 2 ranks, but MASTER_ADDR and MASTER_PORT are not set; start the ranks with torchrun"),
+])
+def test_torchruns_variables_left_in_a_shell_are_one_line(tmp_path, env, fragment):
+    one_line_error(run_cli("train", "train.steps=1", env=env, cwd=tmp_path), 2, fragment)
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_empty_torchrun_variables_mean_one_process(tmp_path):
+    """WORLD_SIZE= (set, empty) is a plain run, as unset is; int('') was a traceback."""
+    (tmp_path / "a.txt").write_text("def f(x):\n    return x + 1\n" * 60)
+    r = run_cli("train", "data=text", "data.paths=[a.txt]", *TINY, "model.max_seq_len=16", "train.steps=1",
+                "hydra.run.dir=run", cwd=tmp_path, env={"WORLD_SIZE": "", "RANK": "", "LOCAL_RANK": ""})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run" / "checkpoints" / "step_000001").is_dir()
+
+
 def test_an_experiment_config_of_ones_own_composes_over_the_command(tmp_path):
     """-cd DIR -cn NAME: DIR/NAME.yaml builds on the command's config (Hydra's experiment
     pattern), and the command line still wins."""

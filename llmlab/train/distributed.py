@@ -56,8 +56,8 @@ class Dist:
 
 def world_from_env() -> Dist:
     """Rank and world size as torchrun (or SLURM's srun with the usual variables) sets them."""
-    return Dist(rank=int(os.environ.get("RANK", 0)), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                world_size=int(os.environ.get("WORLD_SIZE", 1)))
+    return Dist(rank=int(os.environ.get("RANK") or 0), local_rank=int(os.environ.get("LOCAL_RANK") or 0),
+                world_size=int(os.environ.get("WORLD_SIZE") or 1))
 
 
 def init_distributed(device: torch.device, fsdp: bool, context: int = 1) -> tuple[Dist, torch.device]:

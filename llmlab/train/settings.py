@@ -221,7 +221,7 @@ def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillCo
     for bad, what in refused:
         if bad:
             raise ConfigError(f"{key}: {n} cannot be combined with {what}; set {key}=1 or change it")
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun's; 1 in a plain process
+    world = int(os.environ.get("WORLD_SIZE") or 1)  # torchrun's; 1 in a plain process
     if world % n:
         how = (f"it runs in one process; start {n} (or a multiple) with torchrun --nproc_per_node={n}" if world == 1
                else f"torchrun started {world} ranks")

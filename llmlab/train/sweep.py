@@ -45,7 +45,7 @@ def run_job(cfg: dict, run_dir: Path, job_num: int) -> None:
 
 
 def is_rank_zero() -> bool:
-    return int(os.environ.get("RANK", 0)) == 0
+    return int(os.environ.get("RANK") or 0) == 0
 
 
 class SweepReport(Callback):
