@@ -259,6 +259,15 @@ def test_a_run_directory_the_file_system_refuses_is_one_line(tmp_path, args):
                    "cannot create the directory /proc/llmlab-", "/proc takes no new directories", "hydra.run.dir")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, which takes no new directories")
+def test_a_cache_directory_the_file_system_refuses_is_one_line(tmp_path):
+    """LLMLAB_CACHE under /proc: Hydra's "Error executing job" line, then a line that named
+    hydra.run.dir; now one line that names the cache and its settings."""
+    r = run_cli("tokenize", "tokenizer=byte", cwd=tmp_path, env={"LLMLAB_CACHE": "/proc/llmlab-cache/x"})
+    one_line_error(r, 1, "cannot create the cache directory /proc/llmlab-cache/x",
+                   "set cache_dir (or LLMLAB_CACHE) to a directory that can be written")
+
+
 def test_a_path_under_an_unknown_users_home_is_taken_as_written(tmp_path):
     """``~name/...`` for a user this machine does not have stays as written, as a shell leaves
     it (pathlib's expanduser raised RuntimeError, a traceback)."""

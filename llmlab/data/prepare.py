@@ -118,7 +118,11 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
 
     partial = root / f"{PARTIAL}{key}"
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except FileNotFoundError as e:  # a parent that takes no directories (/proc), or one that vanished
+            raise UserError(f"cannot create the cache directory {root} ({e.strerror.lower()}: {e.filename}); set "
+                            "cache_dir (or LLMLAB_CACHE) to a directory that can be written") from e
         clean_stale(root)  # temporary directories of writers that died
         partial.mkdir(exist_ok=True)
         lock = lock_partial(partial, key, quiet)
