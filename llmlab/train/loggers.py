@@ -61,7 +61,7 @@ class WandbLogger(Logger):
         name: str | None = None
         group: str | None = None
         tags: list[str] = field(default_factory=list)
-        mode: str = choice("auto", ("auto", "online", "offline", "disabled"))  # auto: online with an API key and a network
+        mode: str = choice("auto", ("auto", "online", "offline", "disabled"))  # auto: WANDB_MODE if set, else online with an API key
         init_timeout: float = 30.0
 
     def start(self, run_dir: Path, config: dict) -> None:
@@ -69,8 +69,16 @@ class WandbLogger(Logger):
         import wandb
 
         mode = self.cfg.mode
-        if mode == "auto":
-            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        env_mode = os.environ.get("WANDB_MODE")
+        if env_mode is not None and env_mode not in WANDB_ENV_MODES:  # wandb's Settings refuse it: no logging at all
+            os.environ.pop("WANDB_MODE")
+            console.err.print(f"wandb: WANDB_MODE={env_mode!r} is not a mode wandb knows "
+                              f"({', '.join(WANDB_ENV_MODES)}); left out, logger.mode decides", style="yellow",
+                              highlight=False)
+        if mode == "auto":  # wandb's own variable first, as wandb itself reads it; then the API key
+            env_mode = os.environ.get("WANDB_MODE")
+            mode = ({"dryrun": "offline", "run": "online", "shared": "online"}.get(env_mode, env_mode) if env_mode
+                    else "online" if os.environ.get("WANDB_API_KEY") else "offline")
         kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, name=self.cfg.name or Path(run_dir).name,
                       group=self.cfg.group, tags=list(self.cfg.tags) or None, config=config, dir=str(run_dir))
         try:
@@ -88,6 +96,8 @@ class WandbLogger(Logger):
             console.err.print(f"wandb: offline run; upload later with `wandb sync {Path(where).parent}`")
         elif mode == "online":
             console.err.print(f"wandb: {self.run.url}")
+        else:
+            console.err.print("wandb: disabled, nothing is logged to it (logger=none leaves wandb out entirely)")
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.run.log({**metrics, "train/step": step}, step=step)
@@ -99,6 +109,10 @@ class WandbLogger(Logger):
 
     def finish(self) -> None:
         self.run.finish()
+
+
+# the values of WANDB_MODE that wandb's settings accept
+WANDB_ENV_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
 
 
 class SafeLogger:

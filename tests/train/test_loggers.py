@@ -90,3 +90,23 @@ def test_truncate_after_keeps_the_earlier_records_and_sets_damaged_lines_aside(t
     clean.write_bytes(b'{"step": 1}\n{"step": 2}\n{"st')
     assert [r["step"] for r in JsonlWriter.truncate_after(clean, 5)] == [1, 2]
     assert not (tmp_path / "clean.jsonl.damaged").exists() and "not JSON records" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env_mode, mode, said", [
+    ("disabled", "disabled", "wandb: disabled, nothing is logged to it"),  # auto wrote an offline run over it
+    ("dryrun", "offline", "wandb: offline run"),
+    # wandb's Settings refused it, and the run logged nothing to wandb
+    ("garbage", "offline", "wandb: WANDB_MODE='garbage' is not a mode wandb knows"),
+])
+def test_auto_follows_wandb_mode_and_a_value_wandb_refuses_is_said(tmp_path, monkeypatch, capsys, env_mode, mode,
+                                                                   said):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", env_mode)
+    logger = LOGGER.build(LOGGER.config({"kind": "wandb", "project": "llmlab-test"}, "logger"))
+    logger.start(tmp_path, {})
+    try:
+        assert logger.mode == mode
+        logger.log({"train/loss": 1.0}, 1)
+    finally:
+        logger.finish()
+    assert said in " ".join(capsys.readouterr().err.split())
