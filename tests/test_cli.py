@@ -217,13 +217,20 @@ def test_torchruns_variables_left_in_a_shell_are_one_line(tmp_path, env, fragmen
     assert not (tmp_path / "outputs").exists()
 
 
-def test_empty_torchrun_variables_mean_one_process(tmp_path):
-    """WORLD_SIZE= (set, empty) is a plain run, as unset is; int('') was a traceback."""
-    (tmp_path / "a.txt").write_text("def f(x):\n    return x + 1\n" * 60)
-    r = run_cli("train", "data=text", "data.paths=[a.txt]", *TINY, "model.max_seq_len=16", "train.steps=1",
-                "hydra.run.dir=run", cwd=tmp_path, env={"WORLD_SIZE": "", "RANK": "", "LOCAL_RANK": ""})
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "run" / "checkpoints" / "step_000001").is_dir()
+def test_empty_torchrun_variables_mean_one_process(monkeypatch):
+    """WORLD_SIZE= (set, empty) is a plain run, as unset is: each place that reads torchrun's
+    variables (int('') was a traceback there)."""
+    from llmlab.cli import check_launch_env
+    from llmlab.overrides import keep_worker_ranks_out_of_outputs
+    from llmlab.train.distributed import world_from_env
+    from llmlab.train.sweep import is_rank_zero
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "")
+    check_launch_env("train")
+    world = world_from_env()
+    assert (world.rank, world.local_rank, world.world_size, world.enabled) == (0, 0, 1, False)
+    assert is_rank_zero() and keep_worker_ranks_out_of_outputs(["hydra.run.dir=run"]) == ["hydra.run.dir=run"]
 
 
 def test_an_experiment_config_of_ones_own_composes_over_the_command(tmp_path):
