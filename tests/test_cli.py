@@ -417,6 +417,9 @@ def test_sample_a_batch_of_prompts_from_a_list_and_a_file(trained):
             "the model sees only the last 32") in " ".join(f.stderr.split())
     one_line_error(run_cli("sample", "ckpt=outputs/run", "min_p=1.5", cwd=root), 2, "min_p")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=nope.txt", cwd=root), 1, "prompt_file")
+    # both given: the prompt was passed over in silence
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt=x", "prompt_file=long.txt", cwd=root), 2,
+                   "prompt: give prompt= or prompt_file=, not both")
     one_line_error(run_cli("sample", "ckpt=outputs/run", "prompt_file=~llmlab-no-such-user/p.txt", cwd=root), 1,
                    "prompt_file: ~llmlab-no-such-user/p.txt is not a file")
     one_line_error(run_cli("eval", "ckpt=outputs/run", "text=~llmlab-no-such-user/t.txt", cwd=root), 1,
