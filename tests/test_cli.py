@@ -131,6 +131,13 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "train.max_flops=1e15*x"], ["train.max_flops: must be a number of FLOPs such as 6e15 or 1e15*6"]),
     (["train", "train.max_flops=6e15", "train.max_tokens=1000"],
      ["train.max_flops: set either max_flops or max_tokens", "max_flops=6e+15, max_tokens=1000"]),
+    # the budget set the run's length and steps= was passed over; batch_tokens set the accumulation over grad_accum=
+    (["train", "train.steps=500", "train.max_flops=6e15"],
+     ["train.steps: set either steps or a budget (max_flops, max_tokens), not both: steps=500, max_flops=6e+15"]),
+    (["train", "train.grad_accum=2", "train.batch_tokens=4096"],
+     ["train.grad_accum: set either grad_accum or batch_tokens (which sets it), not both"]),
+    (["eval", "ckpt=x", "text=a.txt", "data=text"], ["text: give text= or data=, not both"]),
+    (["eval", "ckpt=x", "text=a.txt", "split=train"], ["split: text= is scored whole"]),
     (["report", "runs", "select=best"], ["select: unknown 'best'", "all, best_lr"]),
     (["report", "runs", "surface=power"], ["surface: unknown 'power'", "chinchilla, kaplan"]),
     (["train", "distill.wieght=0.5"], ["distill.wieght: unknown key", "gen_batch", "weight"]),

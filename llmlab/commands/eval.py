@@ -8,7 +8,7 @@ from typing import Any
 
 from llmlab.commands import Command
 from llmlab.data.corpus import CORPUS
-from llmlab.errors import UserError
+from llmlab.errors import ConfigError, UserError
 from llmlab.eval.analysis import ANALYSIS
 from llmlab.registry import Checked, bounded, choice, section
 from llmlab.train.device import PRECISIONS
@@ -36,6 +36,11 @@ class EvalConfig(Checked):
         from llmlab.train.device import check_device
 
         check_device(self.device)
+        if self.text is not None and self.data is not None:  # the text was scored and data= passed over
+            raise ConfigError("text: give text= or data=, not both")
+        if self.text is not None and self.split != "val":
+            raise ConfigError(f"split: text= is scored whole; split={self.split} picks a split of the data, not of a "
+                              "text")
 
     def max_windows(self, block: int) -> int | None:
         """The window cap from ``max_batches`` and ``max_tokens`` (the smaller wins)."""

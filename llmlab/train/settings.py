@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from llmlab.data.corpus import CORPUS
@@ -55,6 +55,15 @@ class LoopConfig(Checked):
         if budget is not None and self.max_tokens is not None:
             raise ConfigError(f"{prefix}.max_flops: set either max_flops or max_tokens (both set the run's length), "
                               f"not both: max_flops={budget:.3g}, max_tokens={self.max_tokens}")
+        default_steps = next(f.default for f in fields(self) if f.name == "steps")
+        if self.steps != default_steps and (budget is not None or self.max_tokens is not None):
+            # the budget sets the run's length: steps= was passed over in silence
+            length = f"max_flops={budget:.3g}" if budget is not None else f"max_tokens={self.max_tokens}"
+            raise ConfigError(f"{prefix}.steps: set either steps or a budget (max_flops, max_tokens), not both: "
+                              f"steps={self.steps}, {length}; max_steps= stops a budgeted run early")
+        if self.batch_tokens is not None and self.grad_accum != 1:  # batch_tokens sets the accumulation
+            raise ConfigError(f"{prefix}.grad_accum: set either grad_accum or batch_tokens (which sets it), not both: "
+                              f"grad_accum={self.grad_accum}, batch_tokens={self.batch_tokens}")
 
     def flops_budget(self, prefix: str = "train") -> float | None:
         """``max_flops`` as a number (it may be written ``1e15*6``); None: no budget."""
