@@ -114,7 +114,7 @@ def _explain(err: Exception, overrides: list[str], compose) -> str:
         registry = Registry.by_group.get(group)  # its kinds written as one file too, loaded now if not before
         options = sorted(set(err.options or []) | set(registry.names() if registry is not None else []))
         return f"{group}={option}: unknown option; allowed: {', '.join(options) or '(none)'}"
-    cause = err if isinstance(err, OmegaConfBaseException) else err.__cause__
+    cause = err if isinstance(err, OmegaConfBaseException) else (err.__cause__ or err.__context__)
     if not isinstance(cause, OmegaConfBaseException):
         return str(err).strip().splitlines()[0]
     key = str(getattr(cause, "full_key", "") or "")
@@ -465,6 +465,14 @@ def main(argv: list[str] | None = None) -> None:
                 if line is None and not _is_config_error(e):
                     raise
                 fail(line or _explain(e, split_args(rest)[0], _composer(command)), 2)
+            import yaml
+            if isinstance(e, yaml.YAMLError):  # a config file of one's own (-cd DIR) that is not YAML
+                mark = getattr(e, "problem_mark", None)
+                where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config file"
+                fail(f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__})", 2)
+            from hydra.errors import ConfigCompositionException
+            if isinstance(e, ConfigCompositionException):  # a config of one's own (-cd DIR -cn NAME), which the
+                fail(_explain(e, split_args(rest)[0], _composer(command)), 2)  # preflight does not compose
             if isinstance(e, OSError):
                 from llmlab.files import disk_error
                 problem = disk_error(e, "a file") or _uncreatable_dir(e)
