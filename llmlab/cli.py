@@ -323,16 +323,13 @@ def check_launch_env(command: str) -> None:
 
     values = {}
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        text = os.environ.get(name, "")
-        if text.strip() == "":
+        text = os.environ.get(name, "").strip()
+        if not text:
             continue
-        try:
-            values[name] = int(text)
-        except ValueError:
-            values[name] = -1
-        if values[name] < 0:
+        if not (text.isascii() and text.isdigit()):
             fail(f"{name}: expected a whole number >= 0 (torchrun sets it), got '{text}'; unset it to run one "
                  "process", 2)
+        values[name] = int(text)
     world = values.get("WORLD_SIZE", 1)
     if world == 0:
         fail("WORLD_SIZE: 0 ranks; unset it to run one process, or start the ranks with torchrun", 2)

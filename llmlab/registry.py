@@ -195,7 +195,8 @@ def _check(obj: Any, prefix: str) -> None:
         if bounds is not None and value is not None and not _in_range(value, bounds):
             raise ConfigError(f"{join_key(prefix, f.name)}: must be {_range_text(bounds, f.default is None)}, "
                               f"got {value}")
-        if isinstance(value, float) and abs(value) > FLOAT32_MAX and "float" in str(f.type):  # not Any (train.max_flops: its own line)
+        if isinstance(value, float) and abs(value) > FLOAT32_MAX and _expected(type(obj), f.name) == "a number":
+            # a field typed float (not Any: train.max_flops has its own line)
             raise ConfigError(f"{join_key(prefix, f.name)}: {value:g} is out of range; a number setting is at most "
                               f"{FLOAT32_MAX:.3g} in size (float32's largest)")
         if dataclasses.is_dataclass(value):

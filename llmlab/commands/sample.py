@@ -61,8 +61,7 @@ class SampleConfig(Checked):
         if self.prompt_file is None and not (isinstance(prompt, str) or (
                 isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):
             raise ConfigError("prompt: must be a string or a list of strings (\"\" starts from <|endoftext|>)")
-        default_prompt = next(f.default for f in dataclasses.fields(self) if f.name == "prompt")
-        if self.prompt_file is not None and prompt != default_prompt:  # one of them was left unused, in silence
+        if self.prompt_file is not None and prompt != SampleConfig.prompt:  # one of them was left unused, in silence
             raise ConfigError("prompt: give prompt= or prompt_file=, not both")
         if self.spec.mtp and self.draft is not None:
             raise ConfigError("spec.mtp: self-speculative decoding uses no draft; drop draft= or spec.mtp=true")

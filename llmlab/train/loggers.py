@@ -75,8 +75,8 @@ class WandbLogger(Logger):
             console.err.print(f"wandb: WANDB_MODE={env_mode!r} is not a mode wandb knows "
                               f"({', '.join(WANDB_ENV_MODES)}); left out, logger.mode decides", style="yellow",
                               highlight=False)
+            env_mode = None
         if mode == "auto":  # wandb's own variable first, as wandb itself reads it; then the API key
-            env_mode = os.environ.get("WANDB_MODE")
             mode = ({"dryrun": "offline", "run": "online", "shared": "online"}.get(env_mode, env_mode) if env_mode
                     else "online" if os.environ.get("WANDB_API_KEY") else "offline")
         kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, name=self.cfg.name or Path(run_dir).name,

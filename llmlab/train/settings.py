@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from llmlab.data.corpus import CORPUS
@@ -55,8 +55,7 @@ class LoopConfig(Checked):
         if budget is not None and self.max_tokens is not None:
             raise ConfigError(f"{prefix}.max_flops: set either max_flops or max_tokens (both set the run's length), "
                               f"not both: max_flops={budget:.3g}, max_tokens={self.max_tokens}")
-        default_steps = next(f.default for f in fields(self) if f.name == "steps")
-        if self.steps != default_steps and (budget is not None or self.max_tokens is not None):
+        if self.steps != LoopConfig.steps and (budget is not None or self.max_tokens is not None):
             # the budget sets the run's length: steps= was passed over in silence
             length = f"max_flops={budget:.3g}" if budget is not None else f"max_tokens={self.max_tokens}"
             raise ConfigError(f"{prefix}.steps: set either steps or a budget (max_flops, max_tokens), not both: "
