@@ -466,6 +466,11 @@ class Registry:
         (``sizes``: the model's, for settings written relative to them)."""
         if dataclasses.is_dataclass(section):
             section = dataclasses.asdict(section)
+        if section is not None and not isinstance(section, Mapping):
+            # `attention=qknorm` sets the section itself to a word; the kind is picked by its group
+            pick = f"; to pick one, write {self.group}=NAME" if self.group else ""
+            raise ConfigError(f"{prefix}: expected its settings (a mapping), got {section!r}{pick}; "
+                              f"allowed: {', '.join(self.names())}")
         section = dict(section or {})
         if section.get(self.kind_key) is None:
             raise ConfigError(f"{prefix}.{self.kind_key}: missing; allowed: {', '.join(self.names())}")

@@ -169,6 +169,10 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["eval", "analysis=null"], ["analysis: 'null' is not an option of this group (it is off unless chosen; ~analysis "
                                  "drops one chosen earlier); allowed: attention"]),
     (["train", "model/attention=[mha,gqa]"], ["model/attention: '[mha,gqa]' takes one option, not a list"]),
+    # the section itself set to a kind's name (a traceback): the kind is its group's option
+    (["train", "attention=qknorm"], ["attention: expected its settings (a mapping), got 'qknorm'; to pick one, write "
+                                     "model/attention=NAME; allowed: ", "qknorm"]),
+    (["train", "ffn=relu2"], ["ffn: expected its settings (a mapping), got 'relu2'", "model/ffn=NAME"]),
     (["train", "--cfg", "job", "pos=nan"], ["pos: 'nan' is not an option of this group", "rope"]),
     (["eval", "norm=inf"], ["norm: llmlab eval has no such config group; its groups: "]),
     # a sweep job's directory has '=' in its name: unquoted in a list, Hydra reads the list as text
