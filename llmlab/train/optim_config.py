@@ -78,7 +78,7 @@ class AdafactorConfig(Checked):
 
 @OPTIMIZER.option("muon")
 @dataclass
-class MuonConfig(Checked):
+class MuonConfig:
     kind: str = "muon"
     lr: float = bounded(0.02, above=0)
     momentum: float = bounded(0.95, at_least=0, below=1)  # at 1 the buffer never takes a gradient; above, it diverges
@@ -92,5 +92,3 @@ class MuonConfig(Checked):
     adamw_beta2: float = bounded(0.95, at_least=0, below=1)
     adamw_weight_decay: float = bounded(0.1, at_least=0)
 
-    def check(self, prefix: str) -> None:
-        check_torch_has("Muon", "2.9", prefix)

@@ -109,10 +109,11 @@ def test_lion_step_is_the_sign_of_the_interpolated_momentum():
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    from llmlab.train.optim import Fp32Muon
     model = tiny_model()
     opt = build_optimizer(OPTIMIZER.config({"kind": "muon"}, "optim"), model, torch.device("cpu"))
     muon, adamw = opt.optimizers
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, Fp32Muon) and isinstance(adamw, torch.optim.AdamW)  # fp32 iterations on the CPU
     muon_params = {id(p) for g in muon.param_groups for p in g["params"]}
     assert id(model.embed.weight) not in muon_params
     assert id(model.blocks[0].attn.qkv_proj.weight) in muon_params
@@ -201,11 +202,34 @@ def test_muon_precision_auto_is_fp32_on_the_cpu_and_names_its_choices():
         OPTIMIZER.config({"kind": "muon", "ns_precision": "fp16"}, "optim")
 
 
-def test_muon_without_torch_support_is_a_clear_error(monkeypatch):
-    from llmlab.errors import ConfigError
+def test_muon_trains_on_a_torch_without_its_muon(monkeypatch):
+    """optim=muon is the default run's optimizer, and torch < 2.9 has no torch.optim.Muon:
+    Fp32Muon needs none, and takes the bf16 iterations there too."""
+    from llmlab.train.optim import Fp32Muon
     monkeypatch.delattr(torch.optim, "Muon", raising=False)
-    with pytest.raises(ConfigError, match=r"^optim: optim=muon needs torch.optim.Muon"):
-        OPTIMIZER.config({"kind": "muon"}, "optim")
+    model = tiny_model()
+    for precision, dtype in (("auto", torch.float32), ("bf16", torch.bfloat16)):
+        opt = build_optimizer(OPTIMIZER.config({"kind": "muon", "ns_precision": precision}, "optim"), model,
+                              torch.device("cpu"))
+        muon = opt.optimizers[0]
+        assert type(muon) is Fp32Muon and muon.ns_dtype == dtype
+    before = model.blocks[0].attn.qkv_proj.weight.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert not torch.equal(model.blocks[0].attn.qkv_proj.weight, before)
+    with pytest.raises(ValueError, match="2-D parameters only"):
+        Fp32Muon([torch.zeros(3, requires_grad=True)])
+
+
+@needs_muon
+def test_muons_defaults_are_torchs():
+    """Fp32Muon writes torch.optim.Muon's defaults down (torch < 2.9 has none to read)."""
+    import inspect
+
+    from llmlab.train.optim import MUON_DEFAULTS
+    signature = inspect.signature(torch.optim.Muon.__init__).parameters
+    assert {k: signature[k].default for k in MUON_DEFAULTS} == MUON_DEFAULTS
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear", "wsd", "constant"])

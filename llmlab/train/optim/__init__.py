@@ -172,15 +172,31 @@ def muon_lr_ratio(rule: str | None, shape: torch.Size) -> float:
     raise ValueError(f"Muon: unknown adjust_lr_fn {rule!r}")
 
 
-# torch < 2.9 has no Muon: the class still defines, and the Config's check refuses the kind
-class Fp32Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
+# torch.optim.Muon's defaults (torch >= 2.9), which a test holds equal to its signature's
+MUON_DEFAULTS = {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
+                 "ns_coefficients": (3.4445, -4.7750, 2.0315), "eps": 1e-7, "ns_steps": 5, "adjust_lr_fn": None}
+
+
+class Fp32Muon(torch.optim.Optimizer):
     """torch.optim.Muon with its Newton-Schulz iterations in fp32 (or ``ns_dtype``; torch's
-    own are in bf16). Same settings, state (``momentum_buffer``) and update rule, so a
-    checkpoint moves between the two. On a 2-core x86 CPU without bf16 matrix units, a step of
-    the default model with Muon in fp32 took about 1.1x AdamW's time; in bf16, about 12x."""
+    own are in bf16). Same settings, param groups, state (``momentum_buffer``) and update rule,
+    so a checkpoint moves between the two; it needs no torch.optim.Muon, so ``optim=muon``
+    (the default run's optimizer) trains on every torch llmlab supports, torch < 2.9 included.
+    On a 2-core x86 CPU without bf16 matrix units, a step of the default model with Muon in
+    fp32 took about 1.1x AdamW's time; in bf16, about 12x."""
 
     def __init__(self, params, ns_dtype: torch.dtype = torch.float32, **settings):
-        super().__init__(params, **settings)
+        unknown = set(settings) - set(MUON_DEFAULTS)
+        if unknown:
+            raise TypeError(f"Fp32Muon: unknown settings {sorted(unknown)}")
+        defaults = {**MUON_DEFAULTS, **settings}
+        if defaults["adjust_lr_fn"] not in (None, "original", "match_rms_adamw", "spectral_unclamped"):
+            raise ValueError(f"Muon: unknown adjust_lr_fn {defaults['adjust_lr_fn']!r}")
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon takes 2-D parameters only, got one of size {tuple(p.shape)}")
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
@@ -219,10 +235,10 @@ def ns_precision(name: str, device: torch.device) -> str:
 class Muon(OptimizerKind, OptimizerGroup):
     """Muon (Jordan et al. 2024): momentum orthogonalised by Newton-Schulz iterations, for the
     2-D weight matrices inside the blocks; embeddings, the LM head, norms and biases use AdamW
-    (``adamw_lr``), as Muon's authors recommend. Needs a torch with ``torch.optim.Muon``
-    (torch >= 2.9). ``ns_precision`` picks the iterations' precision: bf16 is torch's own
-    Muon, fp32 (`Fp32Muon`) the same update with fp32 iterations, which CPUs run many times
-    faster; ``auto`` takes bf16 on CUDA and fp32 elsewhere."""
+    (``adamw_lr``), as Muon's authors recommend. ``ns_precision`` picks the iterations'
+    precision: bf16 is torch's own Muon (`Fp32Muon` with bf16 iterations on a torch < 2.9,
+    which has none), fp32 (`Fp32Muon`) the same update with fp32 iterations, which CPUs run
+    many times faster; ``auto`` takes bf16 on CUDA and fp32 elsewhere."""
 
     def __init__(self, cfg, model: nn.Module, device: torch.device):
         hidden = {id(p) for p in model.blocks.parameters() if p.dim() == 2}
@@ -236,8 +252,8 @@ class Muon(OptimizerKind, OptimizerGroup):
         settings = dict(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                         adjust_lr_fn=cfg.adjust_lr)
         precision = ns_precision(cfg.ns_precision, device)
-        muon = (torch.optim.Muon(matrices, **settings) if precision == "bf16"
-                else Fp32Muon(matrices, ns_dtype=NS_DTYPES[precision], **settings))
+        muon = (torch.optim.Muon(matrices, **settings) if precision == "bf16" and hasattr(torch.optim, "Muon")
+                else Fp32Muon(matrices, ns_dtype=NS_DTYPES[precision], **settings))  # the same update
         rest_ids = {id(p) for p in rest}
         groups = [{"params": [p for p in g["params"] if id(p) in rest_ids], "weight_decay": g["weight_decay"]}
                   for g in param_groups(model, cfg.adamw_weight_decay)]
