@@ -1,7 +1,8 @@
 """Export to a Hugging Face `transformers` directory (``llmlab export format=hf``).
 
-Two families map one to one onto `transformers` classes:
+Three families map one to one onto `transformers` classes:
 - llama: RoPE, RMSNorm, SwiGLU, pre-norm, MHA/GQA/MQA, tied or not -> ``LlamaForCausalLM``;
+- qwen3: the same with qknorm attention (per-head q/k RMSNorm before RoPE) -> ``Qwen3ForCausalLM``;
 - gpt2: learned positions, LayerNorm, GELU, pre-norm, MHA -> ``GPT2LMHeadModel``.
 
 Each family lists what it needs; a model that fits neither is refused with the reasons. The
@@ -63,9 +64,10 @@ def _common_objections(spec, model, attention_kinds: tuple[str, ...]) -> list[st
 
 class Llama(Family):
     name, architecture = "llama", "LlamaForCausalLM"
+    attention_kinds = ("mha", "gqa", "mqa")
 
     def objections(self, spec, model):
-        out = _common_objections(spec, model, ("mha", "gqa", "mqa"))
+        out = _common_objections(spec, model, self.attention_kinds)
         if spec.pos.kind != "rope":
             out.append(f"pos={spec.pos.kind} (needs rope)")
         if spec.norm.kind != "rmsnorm":
@@ -110,6 +112,35 @@ class Llama(Family):
                 sd[p + f"mlp.{name}.weight"] = lin.weight
                 if lin.bias is not None:
                     sd[p + f"mlp.{name}.bias"] = lin.bias
+        return sd
+
+
+class Qwen3(Llama):
+    """Llama's layout with RMS-normalised queries and keys per head before RoPE (llmlab's
+    qknorm). transformers' Qwen3 has one epsilon for every norm and no MLP biases."""
+    name, architecture = "qwen3", "Qwen3ForCausalLM"
+    attention_kinds = ("qknorm",)
+
+    def objections(self, spec, model):
+        out = super().objections(spec, model)
+        if spec.attention.kind == "qknorm" and spec.attention.eps != spec.norm.eps:
+            out.append(f"the q/k norms' eps {spec.attention.eps:g} != norm.eps={spec.norm.eps:g} (Qwen3 has one eps)")
+        if spec.model.bias:
+            out.append("model.bias=true (Qwen3's MLP has no biases)")
+        return out
+
+    def config(self, spec, model, eos_id):
+        config = super().config(spec, model, eos_id)
+        config.update({"architectures": [self.architecture], "model_type": "qwen3", "use_sliding_window": False,
+                       "layer_types": ["full_attention"] * spec.model.n_layers})
+        config.pop("mlp_bias")
+        return config
+
+    def weights(self, model):
+        sd = super().weights(model)
+        for i, blk in enumerate(model.blocks):
+            sd[f"model.layers.{i}.self_attn.q_norm.weight"] = blk.attn.q_norm.weight
+            sd[f"model.layers.{i}.self_attn.k_norm.weight"] = blk.attn.k_norm.weight
         return sd
 
 
@@ -159,7 +190,7 @@ class GPT2(Family):
         return sd
 
 
-FAMILIES = (Llama(), GPT2())
+FAMILIES = (Llama(), Qwen3(), GPT2())
 
 
 def pick_family(spec, model) -> Family:

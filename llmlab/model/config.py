@@ -10,7 +10,7 @@ a few lines a kind: the whole schema of the network reads in one place.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from llmlab.errors import ConfigError
@@ -53,10 +53,15 @@ class SWAConfig:
     kv_heads: int | None = bounded(None, at_least=1)  # null: one KV head per query head; set it for grouped-query SWA
 
 
+# the q/k norms' epsilon before it was a setting: a section written then (no ``eps``) keeps it
+QKNORM_OLD_EPS = 1e-6
+
+
 @ATTENTION.option("qknorm")
 @dataclass
 class QKNormConfig(GQAConfig):
     kind: str = "qknorm"
+    eps: float | None = bounded(None, above=0)  # the q/k norms' epsilon; null: norm.eps (Qwen3 has one for every norm)
 
 
 @ATTENTION.option("mla")
@@ -314,16 +319,23 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
         """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
         model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
+        attention = cfg.get("attention")
+        if isinstance(attention, Mapping) and attention.get("kind") == "qknorm" and "eps" not in attention:
+            attention = {**attention, "eps": QKNORM_OLD_EPS}  # written before eps was a setting: what it trained with
         # the other settings first, so that a bad d_model is named as itself before a depth relative to it
         shape = parse_dataclass(ModelConfig, {k: v for k, v in (model or {}).items() if k != "n_layers"}, "model")
         sizes = {"d_model": shape.d_model, "max_seq_len": shape.max_seq_len}  # for widths such as d_model/4
         model = parse_dataclass(ModelConfig, model, "model", sizes)
+        attention = ATTENTION.config(attention, "attention", sizes)
+        norm = BLOCK.config(cfg.get("norm") or NormConfig(), "norm")
+        if getattr(attention, "eps", 0) is None:  # an attention kind's norms that follow the blocks' (qknorm)
+            attention = replace(attention, eps=norm.eps)
         return cls(
             vocab_size=vocab_size,
             model=model,
-            attention=ATTENTION.config(cfg.get("attention"), "attention", sizes),
+            attention=attention,
             ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn", sizes),
-            norm=BLOCK.config(cfg.get("norm") or NormConfig(), "norm"),
+            norm=norm,
             pos=POSITION.config(cfg.get("pos"), "pos"),
             objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
         )

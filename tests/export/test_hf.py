@@ -53,6 +53,11 @@ CASES = {
     "mqa": (["model=llama", "model/attention=mqa"], "LlamaForCausalLM"),
     "swa window = context": (["model=llama", "model/attention=swa", "attention.window=32"], "LlamaForCausalLM"),
     "tiny with MTP heads": (["model=tiny", "model.mtp_heads=2"], "LlamaForCausalLM"),
+    # q/k norms per head before RoPE, as Qwen3 has them
+    "qknorm": (["model=qknorm"], "Qwen3ForCausalLM"),
+    "qknorm one kv head per query head, untied": (["model=qknorm", "attention.kv_heads=4", "model.tie_embeddings=false"],
+                                                  "Qwen3ForCausalLM"),
+    "qknorm, another eps for every norm": (["model=qknorm", "norm.eps=1e-3"], "Qwen3ForCausalLM"),
     "gpt2": (["model=gpt2"], "GPT2LMHeadModel"),
     "gpt2 tanh gelu, untied": (["model=gpt2", "model/ffn=gelu_tanh", "model.tie_embeddings=false"], "GPT2LMHeadModel"),
     "gpt2 without biases": (["model=gpt2", "model.bias=false"], "GPT2LMHeadModel"),
@@ -86,6 +91,8 @@ REFUSED = {
     "mlm": (["model=bert"], "objective=mlm"),
     "sinusoidal": (["model=llama", "pos=sinusoidal"], "pos=sinusoidal"),
     "mup": (["model=llama", "model.parametrization=mup", "model.mup_base_width=16"], "model.parametrization=mup"),
+    "qknorm, its own eps": (["model=qknorm", "attention.eps=1e-6"], "the q/k norms' eps 1e-06 != norm.eps=1e-05"),
+    "qknorm, biases": (["model=qknorm", "model.bias=true"], "model.bias=true (Qwen3's MLP has no biases)"),
 }
 
 

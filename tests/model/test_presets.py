@@ -56,3 +56,18 @@ def test_presets_pick_their_parts_and_the_command_line_wins():
     llama = composed("model=llama", "attention.kv_heads=4")
     assert llama["attention"] == {"kind": "gqa", "kv_heads": 4} and llama["model"]["tie_embeddings"] is False
     assert composed("model=deepseek", "model/attention=swa")["attention"]["kind"] == "swa"
+
+
+def test_qknorms_eps_follows_the_blocks_norm_and_a_spec_written_before_keeps_its_own():
+    """qknorm's q/k norms take norm.eps (Qwen3, which an export maps them onto, has one eps);
+    a spec saved before the setting existed trained with 1e-6 and keeps it."""
+    spec = ModelSpec.from_config(composed("model=qknorm"), vocab_size=64)
+    assert spec.attention.kind == "qknorm" and spec.attention.eps == spec.norm.eps == 1e-5
+    assert ModelSpec.from_config(composed("model=qknorm", "norm.eps=1e-3"), vocab_size=64).attention.eps == 1e-3
+    assert ModelSpec.from_config(composed("model=qknorm", "attention.eps=1e-4"), vocab_size=64).attention.eps == 1e-4
+    old = {**spec.to_dict(), "attention": {"kind": "qknorm", "kv_heads": 2}}
+    model = Transformer(ModelSpec.from_config(old, vocab_size=64))
+    assert model.blocks[0].attn.q_norm.eps == model.blocks[0].attn.k_norm.eps == 1e-6
+    assert Transformer(spec).blocks[0].attn.q_norm.eps == 1e-5
+    # the resolved value is what a checkpoint keeps
+    assert ModelSpec.from_config(spec.to_dict(), vocab_size=64).attention.eps == 1e-5

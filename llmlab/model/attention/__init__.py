@@ -349,11 +349,15 @@ class SlidingWindowAttention(GroupedQueryAttention):
 @ATTENTION.register("qknorm")
 class QKNormAttention(GroupedQueryAttention):
     """Grouped-query attention with RMS-normalised queries and keys per head, before RoPE
-    (Dehghani et al. 2023; OLMo 2): attention logits stay bounded at high learning rates."""
+    (Dehghani et al. 2023; OLMo 2; Qwen3's layout): attention logits stay bounded at high
+    learning rates. ``eps`` is the q/k norms' epsilon; the model spec resolves its null to
+    ``norm.eps``."""
 
     def __init__(self, cfg, d_model: int, n_heads: int, bias: bool = False, causal: bool = True):
         super().__init__(cfg, d_model, n_heads, bias, causal)
-        self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6), nn.RMSNorm(self.head_dim, eps=1e-6)
+        if cfg.eps is None:
+            raise ValueError("qknorm: eps is resolved by ModelSpec.from_config (null: norm.eps) before a layer is built")
+        self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.eps), nn.RMSNorm(self.head_dim, eps=cfg.eps)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos) -> tuple[torch.Tensor, torch.Tensor]:
         return super().rotate(normed(self.q_norm, q), normed(self.k_norm, k), pos)
