@@ -74,6 +74,9 @@ RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps"
 RUN_ID_ADDED = {"sched": {"warmup_share": None}, "model": {"parametrization": "standard"},
                 "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6}}
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
+# train.steps's default before the default recipe changed, and now: a budget run (max_flops,
+# max_tokens) never uses it and cannot set it, so its id keeps the old value
+OLD_DEFAULT_STEPS, DEFAULT_STEPS = 1000, 400
 
 
 def _as_before(cfg: Mapping[str, Any]) -> dict:
@@ -89,6 +92,9 @@ def _as_before(cfg: Mapping[str, Any]) -> dict:
     if (isinstance(sched, Mapping) and "warmup" in sched and sched["warmup"] is None
             and "warmup_share" not in sched and train.get("max_flops") is None):
         out["sched"] = {**sched, "warmup": OLD_DEFAULT_WARMUP}  # an unset warm-up is what it was: 50 steps
+    if (isinstance(cfg.get("train"), Mapping) and train.get("steps") == DEFAULT_STEPS
+            and (train.get("max_flops") is not None or train.get("max_tokens") is not None)):
+        out["train"] = {**train, "steps": OLD_DEFAULT_STEPS}
     return out
 
 

@@ -253,7 +253,7 @@ def test_an_experiment_config_of_ones_own_composes_over_the_command(tmp_path):
     r = run_cli("train", "-cd", "exps", "-cn", "small", "model.d_model=96", "--cfg", "job", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     cfg = yaml.safe_load(r.stdout)
-    assert cfg["train"]["steps"] == 3 and cfg["model"]["d_model"] == 96 and cfg["optim"]["kind"] == "adamw"
+    assert cfg["train"]["steps"] == 3 and cfg["model"]["d_model"] == 96 and cfg["optim"]["kind"] == "muon"
     # a mistake in one's own file: Hydra's ConfigCompositionException and PyYAML's ParserError were tracebacks
     (tmp_path / "exps" / "typo.yaml").write_text("defaults:\n  - train\n  - _self_\ntrain:\n  stepz: 3\n")
     one_line_error(run_cli("train", "-cd", "exps", "-cn", "typo", "logger=none", cwd=tmp_path), 2,
@@ -576,7 +576,7 @@ def test_export_to_transformers_scores_like_llmlab_eval(trained):
     from tests.export.test_hf import hf_loss
     r = run_cli("export", "ckpt=outputs/run", "out=exported", process=True, cwd=root)
     assert r.returncode == 0, r.stderr
-    assert "LlamaForCausalLM" in r.stdout
+    assert "Qwen3ForCausalLM" in r.stdout  # the default model's q/k norms are Qwen3's
     text = "def add(a, b):\n    return a + b\n" * 12
     (root / "score.txt").write_text(text)
     e = run_cli("eval", "ckpt=outputs/run", "text=score.txt", "hydra.run.dir=outputs/ev-export", cwd=root)

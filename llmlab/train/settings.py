@@ -13,7 +13,7 @@ from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
-from llmlab.names import parse_flops, run_id
+from llmlab.names import DEFAULT_STEPS, parse_flops, run_id
 from llmlab.registry import INT64, Checked, bounded, choice, parse_dataclass, section
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
@@ -27,7 +27,7 @@ HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 class LoopConfig(Checked):
     """The ``train`` section."""
 
-    steps: int = bounded(1000, at_least=1)  # the default run: 2M tokens, about 8 minutes on 2 CPU cores
+    steps: int = bounded(DEFAULT_STEPS, at_least=1)  # the default run: 0.8M tokens, about 4 minutes on 2 CPU cores
     batch_size: int = bounded(8, at_least=1)
     grad_accum: int = bounded(1, at_least=1)
     batch_tokens: int | None = None  # tokens per optimizer step; when set, grad_accum = batch_tokens / (batch_size * max_seq_len)

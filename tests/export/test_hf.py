@@ -52,9 +52,9 @@ CASES = {
     "gqa": (["model=llama", "model/attention=gqa", "attention.kv_heads=2"], "LlamaForCausalLM"),
     "mqa": (["model=llama", "model/attention=mqa"], "LlamaForCausalLM"),
     "swa window = context": (["model=llama", "model/attention=swa", "attention.window=32"], "LlamaForCausalLM"),
-    "tiny with MTP heads": (["model=tiny", "model.mtp_heads=2"], "LlamaForCausalLM"),
-    # q/k norms per head before RoPE, as Qwen3 has them
-    "qknorm": (["model=qknorm"], "Qwen3ForCausalLM"),
+    "tiny with MTP heads": (["model=tiny", "model/attention=mha", "model.mtp_heads=2"], "LlamaForCausalLM"),
+    # the default model: q/k norms per head before RoPE, as Qwen3 has them
+    "tiny (qknorm)": (["model=tiny"], "Qwen3ForCausalLM"),
     "qknorm one kv head per query head, untied": (["model=qknorm", "attention.kv_heads=4", "model.tie_embeddings=false"],
                                                   "Qwen3ForCausalLM"),
     "qknorm, another eps for every norm": (["model=qknorm", "norm.eps=1e-3"], "Qwen3ForCausalLM"),

@@ -41,13 +41,21 @@ def test_a_sweep_groups_its_runs_only_with_a_logger_that_groups():
     assert LOGGER.get("wandb").groups_runs and not LOGGER.get("none").groups_runs
 
 
-# Run ids measured before sched.warmup could be null, widths could be relative, muP existed and
-# Muon's iterations could run in fp32:
-# runs of these settings keep their ids (and resume) across the change.
-OLD_RUN_IDS = {(): "83b82b337a8d", ("model=mla",): "4a6dd166b726", ("model=swa",): "73814f12e173",
-               ("model=gqa", "attention.kv_heads=2"): "167838239fb6", ("sched=wsd",): "923a2a17d397",
-               ("sched.warmup=10",): "9da8e2deefce", ("model/ffn=moe",): "838e6c87021e", ("model=gpt2",): "4fdfad3171d3",
-               ("optim=muon", "optim.ns_precision=bf16"): "d3d02c0c594f"}
+# Run ids measured before sched.warmup could be null, widths could be relative, muP existed,
+# Muon's iterations could run in fp32, qknorm's eps was a setting and the default recipe
+# changed (Muon, qknorm, 400 steps): runs of these settings keep their ids (and resume) across
+# the change. The default recipe before: optim=adamw, train.steps=1000, model/attention=mha.
+BEFORE = ("optim=adamw", "train.steps=1000")
+OLD_RUN_IDS = {("model/attention=mha", *BEFORE): "83b82b337a8d", ("model=mla", *BEFORE): "4a6dd166b726",
+               ("model=swa", *BEFORE): "73814f12e173", ("model=gqa", "attention.kv_heads=2", *BEFORE): "167838239fb6",
+               ("sched=wsd", "model/attention=mha", *BEFORE): "923a2a17d397",
+               ("sched.warmup=10", "model/attention=mha", *BEFORE): "9da8e2deefce",
+               ("model/ffn=moe", "model/attention=mha", *BEFORE): "838e6c87021e", ("model=gpt2", *BEFORE): "4fdfad3171d3",
+               # Muon's lr and adamw_lr as they were before their defaults changed (0.02 and 3e-3)
+               ("optim=muon", "optim.ns_precision=bf16", "optim.lr=0.02", "optim.adamw_lr=3e-3", "model/attention=mha",
+                "train.steps=1000"): "d3d02c0c594f",
+               # the q/k norms' eps before it followed norm.eps
+               ("model=qknorm", "attention.eps=1e-6", *BEFORE): "54b456c7d68a"}
 
 
 @pytest.mark.parametrize("overrides", OLD_RUN_IDS)
@@ -57,7 +65,8 @@ def test_settings_written_before_keep_their_run_ids(overrides):
 
 def test_a_budget_run_with_an_unset_warmup_gets_a_new_id_since_it_trains_differently():
     assert job_of("train.max_flops=1e12")[0].run_id != "69ea3ea94f23"  # its id when the warm-up was 50 steps
-    assert job_of("train.max_flops=1e12", "sched.warmup=50")[0].run_id == "69ea3ea94f23"  # asking for 50 steps keeps it
+    # asking for 50 steps keeps it (with the recipe of then: its steps never counted in a budget run)
+    assert job_of("train.max_flops=1e12", "sched.warmup=50", "model/attention=mha", "optim=adamw")[0].run_id == "69ea3ea94f23"
 
 
 def test_widths_relative_to_the_model_resolve_as_documented():
@@ -78,7 +87,8 @@ def test_a_depth_relative_to_the_width_keeps_the_aspect_ratio_and_an_integer_kee
     for d, layers in ((64, 2), (96, 3), (160, 5), (176, 6)):  # 176 / 32 = 5.5 rounds to 6
         job, cfg = job_of(f"model.d_model={d}", "model.n_layers=d_model/32")
         assert job.spec.model.n_layers == layers and cfg["model"]["n_layers"] == "d_model/32"
-    assert job_of("model.n_layers=4")[0].run_id == OLD_RUN_IDS[()]  # the default depth, written out
+    assert job_of("model.n_layers=4")[0].run_id == job_of()[0].run_id  # the default depth, written out
+    assert job_of("model.n_layers=4", "model/attention=mha", *BEFORE)[0].run_id == "83b82b337a8d"
 
 
 @pytest.mark.parametrize("setting, message", [
