@@ -88,7 +88,7 @@ def test_decodings_lean_path_gives_the_ordinary_forwards_numbers_exactly(attn, p
     assert not model.lean_decoding
     assert torch.equal(lean, ref)
     # the grouped-query family with its own seams decodes a token in one pass of its own
-    assert model.blocks[0].attn.decodes_inline == (attn in ("mha", "gqa", "mqa"))
+    assert model.blocks[0].attn.decodes_inline == (attn in ("mha", "gqa", "mqa", "qknorm"))
 
 
 def test_decodings_lean_path_keeps_mups_scales_and_the_heads_hidden_states():
