@@ -3,6 +3,7 @@
 
     python -m bench.train_default [--overrides key=value ...]
     python -m bench.train_default --overrides <a new recipe> --reference    # beside today's defaults
+    python -m bench.train_default --overrides <a new recipe> --reference --name train_recipe   # its own file
 
 Both recipes' settings are checked first (``llmlab train --cfg job``), then the data is
 prepared, outside the runs' times. With ``--reference [key=value ...]`` a
@@ -65,6 +66,8 @@ def main() -> None:
     ap.add_argument("--reference", nargs="*", metavar="KEY=VALUE",
                     help="also train this recipe (overrides of today's defaults; none: the defaults as they are), "
                     "after the data is prepared and in turn with the run above, and compare the two")
+    ap.add_argument("--name", default="train_default",
+                    help="the result's file in bench/results (a candidate's figures beside the default's own)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-train-") as tmp:
         tmp = Path(tmp)
@@ -91,7 +94,7 @@ def main() -> None:
         result["bpb_vs_reference"] = new["val_bpb_full"] - ref["val_bpb_full"]
         print(f"against the reference: {result['train_time_vs_reference']:.2f}x the training time, "
               f"{result['bpb_vs_reference']:+.3f} bits/byte (target: <= 0.5x, <= +0.000)")
-    write_result("train_default", result)
+    write_result(args.name, result)
 
 
 if __name__ == "__main__":
