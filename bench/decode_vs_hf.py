@@ -40,7 +40,7 @@ SIZES = {"1.7M": (192, 4, 4), "3.1M": (256, 4, 4), "9.7M": (384, 6, 6), "22.9M":
 GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024",
         "tokenizer.vocab_size=50257"]
 SAMPLING = {"temperature": 0.8, "top_k": 50, "top_p": 0.95}
-TRAIN = ["logger=none", "train.eval_every=0", "train.eval_windows=8", "train.ckpt_every=0", "train.prompts=[]",
+TRAIN = ["optim=adamw", "logger=none", "train.eval_every=0", "train.eval_windows=8", "train.ckpt_every=0", "train.prompts=[]",
          "train.log_every=20", "train.sample_tokens=0", "train.batch_size=8"]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from bench.common import child_env, train_config, write_result
 
-GPT2 = ["model=gpt2", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024",
+GPT2 = ["model=gpt2", "optim=adamw", "model.d_model=768", "model.n_layers=12", "model.n_heads=12", "model.max_seq_len=1024",
         "tokenizer.vocab_size=50257"]
 
 

@@ -56,7 +56,7 @@ from omegaconf import OmegaConf
 
 from bench.common import RESULTS, child_env, write_result
 
-FIXED = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0",
+FIXED = ["optim=adamw", "logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0",
          "train.eval_windows=256", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=128", "train.batch_size=16",
          "tokenizer.vocab_size=512", "model/ffn=gelu", "model.tie_embeddings=false", "model.parametrization=mup", "model.mup_base_width=32",
          "optim.lr=8e-3", "optim.weight_decay=0.0"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.common import child_env, write_result
 
-FIXED = ["logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0", "train.eval_windows=128",
+FIXED = ["optim=adamw", "logger=none", "train.ckpt_every=0", "train.sample_tokens=0", "train.eval_every=0", "train.eval_windows=128",
          "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=128", "train.batch_size=16",
          "tokenizer.vocab_size=2048", "model/ffn=gelu", "model.tie_embeddings=false", "optim.weight_decay=0.0"]
 

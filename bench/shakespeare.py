@@ -48,7 +48,7 @@ SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={
 # not to 320 (64, for GPUs' matrix units): the head is 4% of this model's FLOPs
 MODEL = ["model.bias=false", "model.vocab_multiple=16"]
 VOCAB_MULTIPLE = 16
-RECIPE = ["tokenizer=byte", "optim.lr=1e-3", "optim.beta2=0.99", "sched=cosine", "sched.warmup=100", "sched.min_lr_ratio=0.1",
+RECIPE = ["tokenizer=byte", "optim=adamw", "optim.lr=1e-3", "optim.beta2=0.99", "sched=cosine", "sched.warmup=100", "sched.min_lr_ratio=0.1",
           "train.log_every=10", "train.eval_every=0", "train.eval_windows=0", "train.ckpt_every=0",
           "train.prompts=[]", "logger=none"]
 

@@ -71,7 +71,7 @@ def train_runs(steps: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-dsa-") as tmp:
         env = child_env(LLMLAB_CACHE=str(Path(tmp) / "cache"), TERM="dumb")
         for kind in ("mla", "dsa"):
-            words = [f"model={kind}", f"train.steps={steps}", "logger=none", "train.ckpt_every=0",
+            words = [f"model={kind}", "optim=adamw", f"train.steps={steps}", "logger=none", "train.ckpt_every=0",
                      "train.sample_tokens=0", f"train.eval_every={steps}", *extra, f"hydra.run.dir={kind}"]
             t = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "llmlab", "train", *words], cwd=tmp, env=env,

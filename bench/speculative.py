@@ -32,7 +32,7 @@ from bench.common import child_env, llmlab, write_result
 
 PROMPTS = ["def ", "import os\nimport sys\n\n\n", "class Parser:\n    def __init__(self, ", "    for i in range(",
            "if __name__ == '__main__':\n", "        return self.", "    @property\n    def ", "try:\n    import "]
-COMMON = ["logger=none", "train.eval_every=0", "train.eval_windows=8", "train.ckpt_every=0", "train.prompts=[]",
+COMMON = ["optim=adamw", "logger=none", "train.eval_every=0", "train.eval_windows=8", "train.ckpt_every=0", "train.prompts=[]",
           "train.log_every=25", "model.max_seq_len=256", "train.batch_size=8", "optim.lr=2e-3"]
 
 
