@@ -471,7 +471,10 @@ class Registry:
             pick = f"; to pick one, write {self.group}=NAME" if self.group else ""
             raise ConfigError(f"{prefix}: expected its settings (a mapping), got {section!r}{pick}; "
                               f"allowed: {', '.join(self.names())}")
-        section = dict(section or {})
+        if section is None:  # `ffn=null` (or no section): refused, not a default picked
+            pick = f"; to pick one, write {self.group}=NAME" if self.group else ""
+            raise ConfigError(f"{prefix}: missing{pick}; allowed: {', '.join(self.names())}")
+        section = dict(section)
         if section.get(self.kind_key) is None:
             raise ConfigError(f"{prefix}.{self.kind_key}: missing; allowed: {', '.join(self.names())}")
         config = self.config_of(str(section[self.kind_key]), f"{prefix}.{self.kind_key}")

@@ -146,7 +146,7 @@ def tiny_spec(attention: dict | None = None, pos: dict | None = None, norm: dict
     from llmlab.model.transformer import ModelSpec
 
     model_cfg = {"d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 32, **model}
-    ffn = {"kind": ffn} if isinstance(ffn, str) else ffn
+    ffn = {"kind": ffn} if isinstance(ffn, str) else ffn or {"kind": "swiglu"}
     return ModelSpec.from_config({"model": model_cfg, "attention": attention or {"kind": "mha"}, "ffn": ffn,
                                   "norm": norm or {"placement": "pre", "kind": "rmsnorm"},
                                   "pos": pos or {"kind": "rope"}, "objective": objective or {"kind": "clm"}},

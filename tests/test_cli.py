@@ -173,6 +173,7 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["train", "attention=qknorm"], ["attention: expected its settings (a mapping), got 'qknorm'; to pick one, write "
                                      "model/attention=NAME; allowed: ", "qknorm"]),
     (["train", "ffn=relu2"], ["ffn: expected its settings (a mapping), got 'relu2'", "model/ffn=NAME"]),
+    (["train", "ffn=null"], ["ffn: missing; to pick one, write model/ffn=NAME; allowed: ", "swiglu"]),
     (["train", "--cfg", "job", "pos=nan"], ["pos: 'nan' is not an option of this group", "rope"]),
     (["eval", "norm=inf"], ["norm: llmlab eval has no such config group; its groups: "]),
     # a sweep job's directory has '=' in its name: unquoted in a list, Hydra reads the list as text

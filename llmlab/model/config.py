@@ -319,6 +319,8 @@ class ModelSpec:
     def from_config(cls, cfg: Mapping[str, Any], vocab_size: int) -> "ModelSpec":
         """Check the ``model``, ``attention``, ``ffn``, ``norm``, ``pos`` and ``objective`` sections."""
         model, ffn = upgrade_ffn(cfg.get("model"), cfg.get("ffn"))
+        if ffn is None and "ffn" not in cfg:
+            ffn = {"kind": "swiglu"}  # written before the FFN was a setting: what it trained with
         attention = cfg.get("attention")
         if isinstance(attention, Mapping) and attention.get("kind") == "qknorm" and "eps" not in attention:
             attention = {**attention, "eps": QKNORM_OLD_EPS}  # written before eps was a setting: what it trained with
@@ -327,17 +329,17 @@ class ModelSpec:
         sizes = {"d_model": shape.d_model, "max_seq_len": shape.max_seq_len}  # for widths such as d_model/4
         model = parse_dataclass(ModelConfig, model, "model", sizes)
         attention = ATTENTION.config(attention, "attention", sizes)
-        norm = BLOCK.config(cfg.get("norm") or NormConfig(), "norm")
+        norm = BLOCK.config(cfg["norm"] if "norm" in cfg else NormConfig(), "norm")  # null is refused, not a default
         if getattr(attention, "eps", 0) is None:  # an attention kind's norms that follow the blocks' (qknorm)
             attention = replace(attention, eps=norm.eps)
         return cls(
             vocab_size=vocab_size,
             model=model,
             attention=attention,
-            ffn=FFN.config(ffn or {"kind": "swiglu"}, "ffn", sizes),
+            ffn=FFN.config(ffn, "ffn", sizes),
             norm=norm,
             pos=POSITION.config(cfg.get("pos"), "pos"),
-            objective=OBJECTIVE.config(cfg.get("objective") or {"kind": "clm"}, "objective"),
+            objective=OBJECTIVE.config(cfg["objective"] if "objective" in cfg else {"kind": "clm"}, "objective"),
         )
 
     def to_dict(self) -> dict:

@@ -415,3 +415,15 @@ def test_a_checkpoint_spec_from_before_the_ffn_group_builds_the_same_model():
     assert ModelSpec.from_config(spec.to_dict(), vocab_size=97) == spec  # and today's round-trips
     dense = {**old, "model": {**old["model"], "ffn": "gelu", "ffn_hidden": 40}}
     assert ModelSpec.from_config(dense, vocab_size=97).ffn == FFN.get("gelu").Config(hidden=40)
+
+
+def test_a_section_set_to_null_is_refused_not_replaced_by_a_default():
+    """A spec without an ``ffn``, ``norm`` or ``objective`` section (written before they were
+    settings) gets what it trained with; one that names the section as null (``ffn=null``, a
+    hand-edited checkpoint) is an error naming it, not swiglu, pre-norm or clm in silence."""
+    today = tiny_spec().to_dict()
+    for key, before in (("ffn", tiny_spec().ffn), ("norm", tiny_spec().norm), ("objective", tiny_spec().objective)):
+        older = {k: v for k, v in today.items() if k != key}
+        assert getattr(ModelSpec.from_config(older, vocab_size=97), key) == before
+        with pytest.raises(ConfigError, match=rf"^{key}: missing; .*allowed: "):
+            ModelSpec.from_config({**today, key: None}, vocab_size=97)
