@@ -23,6 +23,11 @@ from llmlab.overrides import (expand_sweeps, first_sweep, hydra_overrides, keep_
 
 # settings whose value is free text: a comma in it is text, not a sweep (outside -m)
 TEXT_KEYS = {"sample": ("prompt",)}
+# settings that are paths or text: a number typed there is kept as typed (`out=1e5` is the
+# directory 1e5, not 100000.0)
+_DATA_PATHS = ("cache_dir", "data.path", "data.name", "tokenizer.path")
+LITERAL_KEYS = {"sample": ("ckpt", "prompt", "prompt_file", "draft"), "eval": ("ckpt", "text", "cache_dir"),
+                "export": ("ckpt", "out"), "report": ("out",), "train": _DATA_PATHS, "tokenize": _DATA_PATHS}
 
 USAGE_COMMANDS = {
     "tokenize": "corpus -> trained tokenizer -> token shards (cached by settings)",
@@ -389,7 +394,8 @@ def main(argv: list[str] | None = None) -> None:
     if command == "report":
         rest = paths_to_runs_override(rest)
     sweeping = bool({"-m", "--multirun"} & set(rest))
-    rest = [quote_free_text(a, () if sweeping else TEXT_KEYS.get(command, ())) for a in rest]
+    rest = [quote_free_text(a, () if sweeping else TEXT_KEYS.get(command, ()), LITERAL_KEYS.get(command, ()))
+            for a in rest]
     if command not in USAGE_COMMANDS:
         sys.stderr.write(f"llmlab: error: unknown command '{command}'; allowed: {', '.join(USAGE_COMMANDS)}\n\n{USAGE}")
         raise SystemExit(2)

@@ -69,16 +69,21 @@ def split_args(args: list[str]) -> tuple[list[str], bool]:
     return [a for a in _override_args(args) if not _is_hydra_key(a)], check
 
 
-def quote_free_text(arg: str, text_keys: tuple[str, ...] = ()) -> str:
+def quote_free_text(arg: str, text_keys: tuple[str, ...] = (), literal_keys: tuple[str, ...] = ()) -> str:
     """``prompt="def fib("`` reaches us as ``prompt=def fib(``, which Hydra's override grammar
     rejects. A key=value that does not parse, and is not quoted already, is passed as a quoted
     string; the config checks then judge the value as usual. So is the value of a key in
     ``text_keys`` (free text such as a prompt, outside a sweep) that Hydra would read as several
-    values: ``prompt=Hello, world`` is one prompt."""
+    values: ``prompt=Hello, world`` is one prompt. And so is a number given to a key in
+    ``literal_keys`` (paths and text): Hydra would read ``out=1e5`` as the float 100000.0, and
+    the setting, a string, would get ``100000.0``; quoted, it gets what was typed."""
     if arg.startswith("-") or "=" not in arg:
         return arg
     key, value = arg.split("=", 1)
     parsed = parse(arg)
+    if (parsed is not None and key in literal_keys and not parsed.is_sweep_override()
+            and type(parsed.value()) in (int, float)):
+        return f"{key}={hydra_quote(value)}"
     if parsed is not None and not (key in text_keys and parsed.is_sweep_override()):
         return arg
     if value[:1] in ("'", '"') and parsed is None:

@@ -306,6 +306,15 @@ def test_missing_checkpoint(tmp_path):
     one_line_error(run_cli("sample", f"ckpt={tmp_path / 'nope'}", cwd=tmp_path), 1, "does not exist")
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["export", "ckpt=1e5", "out=x"], "ckpt: 1e5 does not exist"),  # Hydra reads 1e5 as 100000.0
+    (["eval", "ckpt=0.10"], "ckpt: 0.10 does not exist"),
+    (["sample", "ckpt=007"], "ckpt: 007 does not exist"),
+])
+def test_a_path_that_looks_like_a_number_is_taken_as_typed(tmp_path, args, fragment):
+    one_line_error(run_cli(*args, cwd=tmp_path), 1, fragment)
+
+
 def test_directory_that_is_not_a_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
     one_line_error(run_cli("eval", f"ckpt={tmp_path / 'empty'}", cwd=tmp_path), 1, "is neither a checkpoint")

@@ -14,6 +14,15 @@ def test_free_text_values_reach_the_config_unchanged(value):
     assert parsed.value() == value
 
 
+@pytest.mark.parametrize("value", ["1e5", "0.10", "007", "12", "-3"])
+def test_a_number_given_to_a_path_or_text_setting_is_kept_as_typed(value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    parser = OverridesParser.create()
+    assert parser.parse_override(quote_free_text(f"out={value}", literal_keys=("out",))).value() == value
+    assert quote_free_text(f"out={value}") == f"out={value}"  # other settings: Hydra's number, checked as one
+    assert quote_free_text(f"out={value},1", literal_keys=("out",)) == f"out={value},1"  # a sweep stays a sweep
+
+
 def test_valid_overrides_and_flags_pass_through():
     for arg in ("optim.lr=1e-3,3e-3", "model=gqa", "-m", "--cfg", "data.paths=[a.txt,b.txt]"):
         assert quote_free_text(arg) == arg
