@@ -203,6 +203,9 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
                         with open_dict(composed):
                             del composed["hydra"]  # what Hydra's app gets: the job's settings alone
                 cfg = OmegaConf.to_container(composed if composed is not None else compose_with(combo), resolve=True)
+                line = _not_a_bool(combo, cfg)
+                if line is not None:
+                    fail(line, 2)
                 RESOLVED[config_key(cfg)] = resolve(cfg)
             except UserError as e:
                 fail(str(e), 2)
@@ -221,6 +224,23 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
                     compose_all(overrides)
                 except (HydraException, OmegaConfBaseException) as e:
                     fail(_explain(e, overrides, compose_all), 2)
+
+
+def _not_a_bool(overrides: list[str], cfg: dict) -> str | None:
+    """OmegaConf turns any number (``cuda_graph=2``) or ``yes``/``on`` into a bool setting's
+    true: a mistake would pass in silence. One line for an override that gave a bool setting
+    anything but true or false; None when none did."""
+    for override in overrides:
+        parsed = parse(override)
+        if parsed is None or parsed.is_sweep_override() or parsed.is_delete():
+            continue
+        node: object = cfg
+        for part in parsed.key_or_group.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        value = parsed.value()
+        if isinstance(node, bool) and not (isinstance(value, bool) or str(value).lower() in ("true", "false")):
+            return f"{parsed.key_or_group}: expected true or false, got {value!r}"
+    return None
 
 
 class _KindsLoaded(Exception):

@@ -209,6 +209,9 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["eval", "hydra.run.dir=''"], ["hydra.run.dir: empty"]),
     (["train", "-m", "seed=0,1", "hydra.sweep.subdir="], ["hydra.sweep.subdir: empty; give a directory per job"]),
     (["sample", "cuda_graph=null"], ["cuda_graph: expected true or false, got null"]),
+    (["sample", "cuda_graph=2"], ["cuda_graph: expected true or false, got 2"]),  # OmegaConf: true
+    (["train", "train.compile=yes"], ["train.compile: expected true or false, got 'yes'"]),
+    (["train", "-m", "model.tie_embeddings=true,0"], ["model.tie_embeddings: expected true or false, got 0"]),
     (["train", "-m", "seed=0,1", "hydra/launcher=parallel"], ["hydra/launcher=parallel: unknown option", "basic"]),
 ])
 def test_config_mistakes_stop_before_any_work(tmp_path, args, fragments):
