@@ -466,14 +466,12 @@ class Registry:
         (``sizes``: the model's, for settings written relative to them)."""
         if dataclasses.is_dataclass(section):
             section = dataclasses.asdict(section)
-        if section is not None and not isinstance(section, Mapping):
-            # `attention=qknorm` sets the section itself to a word; the kind is picked by its group
-            pick = f"; to pick one, write {self.group}=NAME" if self.group else ""
+        pick = f"; to pick one, write {self.group}=NAME" if self.group else ""
+        if section is None:  # `ffn=null` (or no section): refused, not a default picked
+            raise ConfigError(f"{prefix}: missing{pick}; allowed: {', '.join(self.names())}")
+        if not isinstance(section, Mapping):  # `attention=qknorm` sets the section itself to a word
             raise ConfigError(f"{prefix}: expected its settings (a mapping), got {section!r}{pick}; "
                               f"allowed: {', '.join(self.names())}")
-        if section is None:  # `ffn=null` (or no section): refused, not a default picked
-            pick = f"; to pick one, write {self.group}=NAME" if self.group else ""
-            raise ConfigError(f"{prefix}: missing{pick}; allowed: {', '.join(self.names())}")
         section = dict(section)
         if section.get(self.kind_key) is None:
             raise ConfigError(f"{prefix}.{self.kind_key}: missing; allowed: {', '.join(self.names())}")
