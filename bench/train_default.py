@@ -4,11 +4,15 @@
     python -m bench.train_default [--overrides key=value ...]
     python -m bench.train_default --overrides <a new recipe> --reference    # beside today's defaults
     python -m bench.train_default --overrides <a new recipe> --reference --name train_recipe   # its own file
+    python -m bench.train_default --reference <the recipe before> --seeds 1337,1,2   # a pair per seed
 
 Both recipes' settings are checked first (``llmlab train --cfg job``), then the data is
 prepared, outside the runs' times. With ``--reference [key=value ...]`` a
 second recipe trains after the first on the same machine, and the result carries both, the
-ratio of their training times and the difference of their bits per byte.
+ratio of their training times and the difference of their bits per byte. With ``--seeds``
+each seed is such a pair (the recipes in turn, a seed at a time), and the result adds the
+seeds' bits per byte (mean, min, max) and the mean difference with its 95% interval: one
+seed's difference can be smaller than the seeds' spread.
 Targets: the default run finishes in <= 10 minutes on 2 CPU cores; a new default recipe
 reaches the reference's bits per byte (or better) in at most half its training time.
 """
@@ -68,7 +72,9 @@ def main() -> None:
                     "after the data is prepared and in turn with the run above, and compare the two")
     ap.add_argument("--name", default="train_default",
                     help="the result's file in bench/results (a candidate's figures beside the default's own)")
+    ap.add_argument("--seeds", help="comma-separated seeds: a run of each recipe per seed (default: the recipes' own)")
     args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [None]
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-train-") as tmp:
         tmp = Path(tmp)
         env = child_env(LLMLAB_CACHE=str(tmp / "cache"))
@@ -81,20 +87,56 @@ def main() -> None:
         for i, words in enumerate(sorted(data)):  # the data of each, before and outside either run's time
             llmlab(["tokenize", f"hydra.run.dir=tokenize-{i}", *words], tmp, env)
         prepare_s = time.perf_counter() - t
-        runs = {"default": one_run(tmp, env, "default", args.overrides)}
-        if args.reference is not None:
-            runs["reference"] = one_run(tmp, env, "reference", args.reference)
+        pairs = []
+        for seed in seeds:  # the recipes in turn, so that a slower stretch of the host falls on both
+            seeded = [] if seed is None else [f"seed={seed}"]
+            suffix = "" if seed is None else f"-seed{seed}"
+            runs = {"default": one_run(tmp, env, f"default{suffix}", [*args.overrides, *seeded])}
+            if args.reference is not None:
+                runs["reference"] = one_run(tmp, env, f"reference{suffix}", [*args.reference, *seeded])
+            pairs.append(runs)
     xz = xz_bits_per_byte({"kind": "pysource"})
-    result = {**runs["default"], "target_wall_s": "<= 600", "prepare_s": round(prepare_s, 1), **xz}
+    result = {**pairs[0]["default"], "target_wall_s": "<= 600", "prepare_s": round(prepare_s, 1), **xz}
     print(f"xz -9: {xz['xz9_bpb']:.3f} bits/byte")
-    if "reference" in runs:
-        ref, new = runs["reference"], runs["default"]
-        result["reference"] = ref
-        result["train_time_vs_reference"] = new["train_elapsed_s"] / ref["train_elapsed_s"]
-        result["bpb_vs_reference"] = new["val_bpb_full"] - ref["val_bpb_full"]
-        print(f"against the reference: {result['train_time_vs_reference']:.2f}x the training time, "
-              f"{result['bpb_vs_reference']:+.3f} bits/byte (target: <= 0.5x, <= +0.000)")
+    if args.reference is not None:
+        for runs in pairs:
+            ref, new = runs["reference"], runs["default"]
+            runs["train_time_vs_reference"] = new["train_elapsed_s"] / ref["train_elapsed_s"]
+            runs["bpb_vs_reference"] = new["val_bpb_full"] - ref["val_bpb_full"]
+            print(f"against the reference: {runs['train_time_vs_reference']:.2f}x the training time, "
+                  f"{runs['bpb_vs_reference']:+.4f} bits/byte (target: <= 0.5x, <= +0.000)")
+        result.update(reference=pairs[0]["reference"], train_time_vs_reference=pairs[0]["train_time_vs_reference"],
+                      bpb_vs_reference=pairs[0]["bpb_vs_reference"])
+    if len(pairs) > 1:
+        result["seeds"] = seeds
+        result["pairs"] = pairs
+        result["over_seeds"] = over_seeds(pairs)
+        print(json.dumps(result["over_seeds"], indent=1))
     write_result(args.name, result)
+
+
+def over_seeds(pairs: list[dict]) -> dict:
+    """Each recipe's bits per byte over the seeds (mean, min, max), and with a reference, the
+    training-time ratios' median and the mean paired difference of bits per byte with its 95%
+    t-interval."""
+    import statistics
+
+    from scipy import stats
+
+    out = {}
+    for name in ("default", "reference"):
+        bpb = [runs[name]["val_bpb_full"] for runs in pairs if name in runs]
+        if bpb:
+            out[name] = {"bpb_mean": statistics.fmean(bpb), "bpb_min": min(bpb), "bpb_max": max(bpb),
+                         "train_elapsed_s_median": statistics.median(runs[name]["train_elapsed_s"] for runs in pairs)}
+    if "reference" in pairs[0]:
+        diffs = [runs["bpb_vs_reference"] for runs in pairs]
+        mean = statistics.fmean(diffs)
+        half = float(stats.t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / len(diffs) ** 0.5
+        out["train_time_vs_reference_median"] = statistics.median(runs["train_time_vs_reference"] for runs in pairs)
+        out["bpb_vs_reference_mean"] = mean
+        out["bpb_vs_reference_95ci"] = [mean - half, mean + half]
+    return out
 
 
 if __name__ == "__main__":

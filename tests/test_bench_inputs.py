@@ -86,3 +86,19 @@ def test_a_mistyped_recipe_stops_train_default_before_the_data_is_prepared(monke
     assert str(stop.value) == "bench.train_default: llmlab train --cfg job logger=none optim.lrr=1 failed (exit 2)"
     assert ran == ["check", "check"]  # the first recipe passed its check; nothing ran after the second's
     assert "llmlab: error: optim.lrr: unknown key" in capfd.readouterr().err
+
+
+def test_train_defaults_seed_pairs_give_the_mean_difference_with_its_t_interval():
+    """`bench.train_default --seeds`: per recipe the seeds' bits per byte, and the paired
+    difference's mean with a 95% t-interval (t(0.975, 2) = 4.303 for three seeds)."""
+    from bench.train_default import over_seeds
+
+    pairs = [{"default": {"val_bpb_full": 1.0 + d, "train_elapsed_s": t}, "reference": {"val_bpb_full": 1.0, "train_elapsed_s": 200.0},
+              "train_time_vs_reference": t / 200.0, "bpb_vs_reference": d}
+             for d, t in ((0.001, 100.0), (0.003, 90.0), (0.002, 120.0))]
+    out = over_seeds(pairs)
+    assert out["default"]["bpb_mean"] == pytest.approx(1.002) and out["default"]["bpb_max"] == pytest.approx(1.003)
+    assert out["train_time_vs_reference_median"] == pytest.approx(0.5)
+    assert out["bpb_vs_reference_mean"] == pytest.approx(0.002)
+    half = 4.302653 * 0.001 / 3 ** 0.5
+    assert out["bpb_vs_reference_95ci"] == pytest.approx([0.002 - half, 0.002 + half], rel=1e-5)
