@@ -63,8 +63,22 @@ def tree_load() -> Iterator[dict]:
 def machine() -> dict:
     import torch
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
+            "torch_threads": torch.get_num_threads(), "machine": platform.machine(), "cpu": cpu_name(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def cpu_name() -> str | None:
+    """The CPU's model and its widest vector instructions, beside each result: the shared
+    machine is not always the same host, and CPU timings differ between hosts by more than
+    their noise. None where the system does not say."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or None
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), None)
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    extra = [name for name in ("avx512f", "avx512_bf16", "amx_tile") if name in flags] or (["avx2"] if "avx2" in flags else [])
+    return " ".join(filter(None, [model, "(" + ", ".join(extra) + ")" if extra else None])) or None
 
 
 def median_of(fn, repeats: int) -> tuple[float, list[float]]:
