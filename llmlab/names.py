@@ -76,7 +76,7 @@ RUN_ID_ADDED = {"sched": {"warmup_share": None}, "model": {"parametrization": "s
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
 # train.steps's default before the default recipe changed, and now: a budget run (max_flops,
 # max_tokens) never uses it and cannot set it, so its id keeps the old value
-OLD_DEFAULT_STEPS, DEFAULT_STEPS = 1000, 400
+OLD_DEFAULT_STEPS, DEFAULT_STEPS = 1000, 750
 
 
 def _as_before(cfg: Mapping[str, Any]) -> dict:

@@ -130,5 +130,5 @@ def test_each_compose_shares_the_config_store_and_changes_nothing_in_it():
             first.attention.kv_heads = 3
         again = compose(config_name="train", overrides=["model=gqa", "attention.kv_heads=2"])
     assert OmegaConf.to_yaml(again) == expected
-    assert (again.model.d_model, again.attention.kv_heads, again.attention.kind) == (192, 2, "gqa")
+    assert (again.model.d_model, again.attention.kv_heads, again.attention.kind) == (96, 2, "gqa")
     assert OmegaConf.to_yaml(store.load("schema/model.yaml").node) == before

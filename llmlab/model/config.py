@@ -267,7 +267,7 @@ class ModelConfig(Checked):
     """The ``model`` section: shared sizes, passed to every part."""
 
     name: str = "custom"  # a label for reports; presets set theirs
-    d_model: int = bounded(192, at_least=1)  # the default run's width: at its budget 192 beat 256 (bench/results/default_search.json)
+    d_model: int = bounded(96, at_least=1)  # the default run's width: the lowest loss per second of training of 64 to 192 (bench/README.md)
     n_layers: Any = width(4)  # blocks; d_model/32 grows the depth with the width, so a size sweep keeps the aspect ratio
     n_heads: int = bounded(4, at_least=1)
     max_seq_len: int = bounded(256, at_least=1)

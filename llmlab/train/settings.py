@@ -27,7 +27,7 @@ HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 class LoopConfig(Checked):
     """The ``train`` section."""
 
-    steps: int = bounded(DEFAULT_STEPS, at_least=1)  # the default run: 0.8M tokens, about 4 minutes on 2 CPU cores
+    steps: int = bounded(DEFAULT_STEPS, at_least=1)  # the default run: 1.5M tokens, about 2.5 minutes on 2 CPU cores
     batch_size: int = bounded(8, at_least=1)
     grad_accum: int = bounded(1, at_least=1)
     batch_tokens: int | None = None  # tokens per optimizer step; when set, grad_accum = batch_tokens / (batch_size * max_seq_len)

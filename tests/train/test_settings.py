@@ -43,9 +43,10 @@ def test_a_sweep_groups_its_runs_only_with_a_logger_that_groups():
 
 # Run ids measured before sched.warmup could be null, widths could be relative, muP existed,
 # Muon's iterations could run in fp32, qknorm's eps was a setting and the default recipe
-# changed (Muon, qknorm, 400 steps): runs of these settings keep their ids (and resume) across
-# the change. The default recipe before: optim=adamw, train.steps=1000, model/attention=mha.
-BEFORE = ("optim=adamw", "train.steps=1000")
+# changed (Muon, qknorm, 400 steps; then d_model 96 for 750 steps): runs of these settings keep
+# their ids (and resume) across the change. The default recipe before: optim=adamw,
+# train.steps=1000, model/attention=mha, at d_model 192.
+BEFORE = ("optim=adamw", "train.steps=1000", "model.d_model=192")
 OLD_RUN_IDS = {("model/attention=mha", *BEFORE): "83b82b337a8d", ("model=mla", *BEFORE): "4a6dd166b726",
                ("model=swa", *BEFORE): "73814f12e173", ("model=gqa", "attention.kv_heads=2", *BEFORE): "167838239fb6",
                ("sched=wsd", "model/attention=mha", *BEFORE): "923a2a17d397",
@@ -53,9 +54,11 @@ OLD_RUN_IDS = {("model/attention=mha", *BEFORE): "83b82b337a8d", ("model=mla", *
                ("model/ffn=moe", "model/attention=mha", *BEFORE): "838e6c87021e", ("model=gpt2", *BEFORE): "4fdfad3171d3",
                # Muon's lr and adamw_lr as they were before their defaults changed (0.02 and 3e-3)
                ("optim=muon", "optim.ns_precision=bf16", "optim.lr=0.02", "optim.adamw_lr=3e-3", "model/attention=mha",
-                "train.steps=1000"): "d3d02c0c594f",
+                "train.steps=1000", "model.d_model=192"): "d3d02c0c594f",
                # the q/k norms' eps before it followed norm.eps
-               ("model=qknorm", "attention.eps=1e-6", *BEFORE): "54b456c7d68a"}
+               ("model=qknorm", "attention.eps=1e-6", *BEFORE): "54b456c7d68a",
+               # the default run of Muon and qknorm at d_model 192, 400 steps
+               ("model.d_model=192", "train.steps=400"): "678f32c7e273"}
 
 
 @pytest.mark.parametrize("overrides", OLD_RUN_IDS)
@@ -66,7 +69,11 @@ def test_settings_written_before_keep_their_run_ids(overrides):
 def test_a_budget_run_with_an_unset_warmup_gets_a_new_id_since_it_trains_differently():
     assert job_of("train.max_flops=1e12")[0].run_id != "69ea3ea94f23"  # its id when the warm-up was 50 steps
     # asking for 50 steps keeps it (with the recipe of then: its steps never counted in a budget run)
-    assert job_of("train.max_flops=1e12", "sched.warmup=50", "model/attention=mha", "optim=adamw")[0].run_id == "69ea3ea94f23"
+    assert job_of("train.max_flops=1e12", "sched.warmup=50", "model/attention=mha", "optim=adamw",
+                  "model.d_model=192")[0].run_id == "69ea3ea94f23"
+    # and the recipe of Muon and qknorm at d 192, whose default steps were 400: a budget run's id
+    # keeps the steps of before (1000) whatever the default steps are now
+    assert job_of("train.max_flops=1e12", "sched.warmup=50", "model.d_model=192")[0].run_id == "a6c1bdb01942"
 
 
 def test_widths_relative_to_the_model_resolve_as_documented():
@@ -96,7 +103,7 @@ def test_a_depth_relative_to_the_width_keeps_the_aspect_ratio_and_an_integer_kee
     ("model.n_layers=max_seq_len/2", r"^model.n_layers: expected an integer or a width relative to model.d_model such as d_model/4"),
     ("model.n_layers=2.5", r"^model.n_layers: expected an integer or a width relative to model.d_model"),
     ("model.n_layers=null", r"^model.n_layers: expected an integer or a width relative to model.d_model .*got None$"),
-    ("model.n_heads=5", r"^model.n_heads: 5 does not divide model.d_model=192$"),  # the other settings are named first
+    ("model.n_heads=7", r"^model.n_heads: 7 does not divide model.d_model=96$"),  # the other settings are named first
 ])
 def test_a_bad_depth_names_its_key(setting, message):
     from llmlab.errors import ConfigError
