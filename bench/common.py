@@ -75,8 +75,12 @@ def cpu_name() -> str | None:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or None
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), None)
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    fields: dict[str, str] = {}
+    for line in info.splitlines():  # the first processor's lines say it for every core
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    model, flags = fields.get("model name"), set(fields.get("flags", "").split())
     extra = [name for name in ("avx512f", "avx512_bf16", "amx_tile") if name in flags] or (["avx2"] if "avx2" in flags else [])
     return " ".join(filter(None, [model, "(" + ", ".join(extra) + ")" if extra else None])) or None
 

@@ -3,8 +3,8 @@ llmlab's own sweep and report (``select=best_lr``), beside ``xz -9`` on the vali
 
     python -m bench.default_search                               # the recorded search
     python -m bench.default_search --budget 2e13 --axes model.d_model=192,256 optim.lr=3e-3,6e-3
-    python -m bench.default_search --name default_search_width --budget 1.38e13 \
-        --axes model.d_model=128,144,160,176,192 --overrides sched.warmup=50   # its own file
+    python -m bench.default_search --name default_search_width --budget 1.76e13 \
+        --axes model.d_model=96,112,128,144,160,176,192 --overrides sched.warmup=50   # its own file
 
 Every job trains for the same FLOPs (``train.max_flops``), so the ranking does not depend on
 how busy the machine was; the wall times it records do, and carry the machine's other load.
