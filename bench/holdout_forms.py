@@ -8,7 +8,9 @@ token, which a run's whole steps round down by under one step), and `llmlab.eval
 with `surface=chinchilla` (E + A/N^a + B/D^b) and `surface=kaplan` (size and tokens
 interact): fitted without the largest budget, each predicts that budget's best loss. The
 `auto` rows are the form `surface=auto` picks (a nested hold-out on the smaller budgets) and
-that form's figures.
+that form's figures. The `frontier` rows are the second route beside the surfaces: the best loss
+at each smaller budget whose sizes bracket it, fitted by a power law in C with no floor
+(`llmlab.eval.scaling.Frontier`), extrapolated to the largest budget.
 
     python -m bench.holdout_forms                       # the committed studies, a few minutes
     python -m bench.holdout_forms isoflop isoflop-gpu   # some of them
@@ -95,21 +97,36 @@ def main() -> None:
                       f"{h['error']:+.2%}{'' if h['within_interval'] else ' outside'}"
                       + (f"; on a bound: {', '.join(row[form]['at_bounds'])}" if row[form]["at_bounds"] else ""),
                       flush=True)
+            f = sr.frontier_holdout(built, budgets, sc.BOOTSTRAPS)  # the second route: no surface, no floor
+            row["frontier"] = f if f is None or "why" in f else {
+                **{k: f[k] for k in ("predicted", "interval", "observed", "error", "within_interval", "gamma")},
+                "at_bounds": []}
+            print(f"{study:18s} {label[-22:]:>22s} frontier   "
+                  + (f"n/a ({f['why'] if f else 'fewer than 3 budgets'})" if f is None or "why" in f else
+                     f"predicted {f['predicted']:.4f} [{f['interval'][0]:.4f}, {f['interval'][1]:.4f}] observed "
+                     f"{f['observed']:.4f} {f['error']:+.2%}{'' if f['within_interval'] else ' outside'}"), flush=True)
             chosen = sr.choose_form(built, budgets)  # surface=auto: chosen without the largest budget
             row["auto"] = {**row[chosen["form"]], "form": chosen["form"], "nested_errors": chosen.get("errors")}
             print(f"{study:18s} {label[-22:]:>22s} auto       chose {chosen['form']}"
                   + (" (nested: " + ", ".join(f"{f} {e:+.2%}" for f, e in chosen["errors"].items()) + ")"
                      if "errors" in chosen else f" ({chosen['why']})"), flush=True)
             rows.append(row)
-    summary = {form: {"mean_abs_error": float(np.mean([abs(r[form]["error"]) for r in rows])),
-                      "mean_error": float(np.mean([r[form]["error"] for r in rows])),
-                      "within_interval": sum(r[form]["within_interval"] for r in rows),
-                      "within_1pct": sum(abs(r[form]["error"]) <= 0.01 for r in rows),
-                      "on_a_bound": sum(bool(r[form]["at_bounds"]) for r in rows), "cases": len(rows)}
-               for form in (*sc.FORMS, "auto")}
+    summary = {}
+    for form in (*sc.FORMS, "auto", "frontier"):
+        have = [r for r in rows if r.get(form) and "why" not in r[form]]
+        summary[form] = {"mean_abs_error": float(np.mean([abs(r[form]["error"]) for r in have])) if have else None,
+                         "mean_error": float(np.mean([r[form]["error"] for r in have])) if have else None,
+                         "within_interval": sum(r[form]["within_interval"] for r in have),
+                         "within_1pct": sum(abs(r[form]["error"]) <= 0.01 for r in have),
+                         "on_a_bound": sum(bool(r[form]["at_bounds"]) for r in have), "cases": len(have),
+                         "without": len(rows) - len(have)}
     for form, s in summary.items():
+        if not s["cases"]:
+            print(f"{form}: no case")
+            continue
         print(f"{form}: mean |error| {s['mean_abs_error']:.2%} (mean {s['mean_error']:+.2%}); within the interval "
-              f"{s['within_interval']} of {s['cases']}, within 1% {s['within_1pct']}, a value on a bound {s['on_a_bound']}")
+              f"{s['within_interval']} of {s['cases']}, within 1% {s['within_1pct']}, a value on a bound {s['on_a_bound']}"
+              + (f"; {s['without']} without one" if s["without"] else ""))
     out = RESULTS / "holdout_forms.json"
     out.write_text(json.dumps({"benchmark": "holdout_forms", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "machine": machine(), "command": "python -m bench.holdout_forms " + " ".join(args.studies),

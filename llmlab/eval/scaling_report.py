@@ -207,6 +207,85 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
             "surface": sc.surface_dict(fit)}
 
 
+def frontier_holdout(cells: list[sc.Cell], budgets: list[float], reps: int) -> dict | None:
+    """The frontier's own check, beside the surface's: the lowest loss at each budget but the
+    largest, fitted by a power law in C (`scaling.Frontier`, no floor), predicts the largest
+    budget's best loss. Its 95% prediction interval comes from the runs redrawn with their seed
+    noise (each budget's best cell chosen anew) plus the noise of the observed mean. None with
+    fewer than 3 budgets."""
+    if len(budgets) < 3 or (split := _below_and_at(cells, budgets[-1])) is None:
+        return None
+    train, held = split
+    top = budgets[-1]
+    try:
+        fit, best = sc.frontier_of(train)
+    except ValueError as e:
+        return {"why": str(e)}
+    predicted = float(fit.loss(top))
+    chosen = min(held, key=lambda c: float(np.mean(c.losses)))
+    observed = float(np.mean(chosen.losses))
+    sd, dof = _frontier_sd(train, fit, best)
+    draws = []
+    if sd is not None:
+        rng = np.random.default_rng(2)
+        for _ in range(reps):
+            means = [float(np.mean(np.asarray(c.losses) + sd * rng.standard_t(dof, len(c.losses)))) for c in train]
+            try:
+                again, _ = sc.frontier_of(train, means)
+            except ValueError:  # in this draw fewer budgets bracket their optimum
+                continue
+            draws.append(float(again.loss(top)) + sd / math.sqrt(len(chosen.losses)) * float(rng.standard_t(dof)))
+    ci = sc.interval(draws)
+    return {"predicted": predicted, "interval": ci, "observed": observed, "error": observed / predicted - 1,
+            "within_interval": ci is not None and ci[0] <= observed <= ci[1], "gamma": fit.gamma, "c_c": fit.c_c,
+            "fitted_on": sorted(best)}
+
+
+def _frontier_sd(train: list[sc.Cell], fit: sc.Frontier, best: dict[float, int]) -> tuple[float | None, int]:
+    """One run's loss noise for the frontier's interval: the seeds' pooled spread, or with one
+    seed per cell the frontier's residuals (None where they leave no degree of freedom)."""
+    spread = [(len(c.losses) - 1, float(np.var(c.losses, ddof=1))) for c in train if len(c.losses) > 1]
+    if spread:
+        dof = sum(k for k, _ in spread)
+        return math.sqrt(sum(k * v for k, v in spread) / dof), dof
+    dof = len(best) - 2
+    if dof < 1:
+        return None, 0
+    residuals = [float(np.mean(train[i].losses)) - float(fit.loss(b)) for b, i in best.items()]
+    return float(np.sqrt(np.sum(np.square(residuals)) / dof)), dof
+
+
+def frontier_section(all_cells: dict[str, list[sc.Cell]], measured: tuple[float, float], reps: int) -> dict:
+    """Each variant's frontier fitted on all its budgets (with a bootstrap interval on gamma),
+    and where two variants' frontiers cross."""
+    fits: dict[str, dict] = {}
+    for label, cells in all_cells.items():
+        try:
+            fit, best = sc.frontier_of(cells)
+        except ValueError as e:
+            fits[label] = {"why": str(e)}
+            continue
+        boots = sc.frontier_bootstrap(cells, reps)
+        fits[label] = {"gamma": fit.gamma, "c_c": fit.c_c, "gamma_ci": sc.interval([b.gamma for b in boots]),
+                       "best": [{"budget": b, "n": cells[i].n, "loss": float(np.mean(cells[i].losses))}
+                                for b, i in sorted(best.items())],
+                       "_fit": fit, "_boots": boots}
+    out = []
+    lo, hi = measured[0] / BELOW, measured[1] * ABOVE
+    for (na, a), (nb, b) in itertools.combinations([(k, v) for k, v in fits.items() if "_fit" in v], 2):
+        at = sc.frontier_crossing(a["_fit"], b["_fit"])
+        reps_at = [sc.frontier_crossing(x, y) for x, y in zip(a["_boots"], b["_boots"])]
+        hits = [r for r in reps_at if r is not None and lo <= r <= hi]
+        at = at if at is not None and lo <= at <= hi else None
+        lower = na if a["_fit"].loss(measured[1]) < b["_fit"].loss(measured[1]) else nb
+        out.append({"first": na, "second": nb, "budget": at, "ci": sc.interval(hits) if hits else None,
+                    "share_of_replicates": len(hits) / len(reps_at) if reps_at else None,
+                    "extrapolated": at is not None and not measured[0] <= at <= measured[1],
+                    "lower_at_largest_budget": lower})
+    return {"variants": {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in fits.items()},
+            "crossings": out}
+
+
 def _below_and_at(cells: list[sc.Cell], top: float) -> tuple[list[sc.Cell], list[sc.Cell]] | None:
     """The cells below budget ``top`` (to fit on) and at it (to predict), or None where those
     below are too few for a fit (2 sizes and 5 runs) or none is at it."""
@@ -346,7 +425,7 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     found = {label: analyse(cells, sorted(at_budgets or budgets), reps, chosen[label]["form"])
              for label, cells in all_cells.items()}
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
-    held = [h for label, cells in all_cells.items()
+    held = [{**h, "frontier": frontier_holdout(cells, budgets, reps)} for label, cells in all_cells.items()
             if (h := holdout(label, cells, budgets, reps, chosen[label]["form"])) is not None]
     grids = {label: next_grid(by_variant[label], v, sizes, points) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured, "form": form,
@@ -355,6 +434,7 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
             "steps_unknown": unknown, "unplaced": unplaced,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
             "crossings": crossings(found, measured) if budgets else [], "holdout": held,
+            "frontier": frontier_section(all_cells, measured, reps) if budgets else {"variants": {}, "crossings": []},
             "next_grid": {label: g for label, g in grids.items() if g}}
 
 
@@ -457,6 +537,7 @@ def markdown(section: dict, figure: str | None) -> list[str]:
                        + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
     if not section["crossings"]:
         out.append("- (one variant only)")
+    out += frontier_markdown(section.get("frontier") or {})
     out += holdout_markdown(section.get("holdout") or [])
     grids = section.get("next_grid") or {}
     if grids:
@@ -487,16 +568,50 @@ def chosen_markdown(chosen: dict[str, dict]) -> list[str]:
     return out + [""]
 
 
+def frontier_markdown(front: dict) -> list[str]:
+    """The frontier per variant (`frontier_section`) and where two frontiers cross."""
+    if not front.get("variants"):
+        return []
+    out = ["", "Frontier: the lowest loss run at each budget, fitted by L*(C) = (C_c / C)^γ, a power law with no "
+           "floor (Kaplan et al. 2020's L(C_min)); brackets: 95% bootstrap over seeds.", "",
+           "| variant | γ | C_c | best loss per budget (size) |", "|" + " --- |" * 4]
+    for label, v in front["variants"].items():
+        if "why" in v:
+            out.append(f"| {label} | n/a: {v['why']} | | |")
+            continue
+        points = ", ".join(f"{p['budget']:.3g}: {p['loss']:.4f} ({_g(p['n'])})" for p in v["best"])
+        out.append(f"| {label} | {v['gamma']:.4f}{_ci(v['gamma_ci'], 3)} | {_g(v['c_c'])} | {points} |")
+    for c in front.get("crossings", []):
+        if c["budget"] is None:
+            out.append(f"- frontiers of {c['first']} and {c['second']}: no crossing in the searched range; lower at "
+                       f"the largest budget: {c['lower_at_largest_budget']}"
+                       + (f" ({c['share_of_replicates']:.0%} of bootstrap replicates do cross)"
+                          if c["share_of_replicates"] else ""))
+        else:
+            out.append(f"- frontiers of {c['first']} and {c['second']}: cross at {c['budget']:.3g} FLOPs{_ci(c['ci'])} "
+                       + (f"({c['share_of_replicates']:.0%} of bootstrap replicates cross)"
+                          if c["share_of_replicates"] is not None else "(one seed per cell: no bootstrap)")
+                       + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
+    return out
+
+
 def holdout_markdown(held: list[dict]) -> list[str]:
     if not held:
         return []
     out = ["", f"Hold-out check: each variant's surface fitted without the largest budget predicts that budget's best "
            "loss (the lowest over its sizes). Interval: 95% prediction interval (the bootstrap's fits plus the seed "
            "noise of the observed mean).", "",
-           "| variant | held-out budget | fitted on | predicted (95% PI) | observed | error |", "|" + " --- |" * 6]
+           "The frontier's columns are the second route: the best loss at each smaller budget, fitted by a power "
+           "law in C with no floor (above), extrapolated to the largest. Where the two disagree, the observed loss "
+           "says which assumption held: the surface's floor E, or none within reach.", "",
+           "| variant | held-out budget | fitted on | surface: predicted (95% PI) | error | frontier: predicted (95% PI) "
+           "| error | observed |", "|" + " --- |" * 8]
     for h in held:
+        f = h.get("frontier")
+        front = ("n/a | n/a" if f is None else f"n/a: {f['why']} | n/a" if "why" in f
+                 else f"{f['predicted']:.4f}{_ci(f['interval'], 4)} | {f['error']:+.2%}")
         out.append(f"| {h['variant']} | {h['budget']:.3g} | {', '.join(f'{b:.3g}' for b in h['fitted_on'])} | "
-                   f"{h['predicted']:.4f}{_ci(h['interval'], 4)} | {h['observed']:.4f} | {h['error']:+.2%} |")
+                   f"{h['predicted']:.4f}{_ci(h['interval'], 4)} | {h['error']:+.2%} | {front} | {h['observed']:.4f} |")
     for h in held:
         if not h["within_interval"]:
             out += ["", f"**⚠ hold-out miss: {h['variant']}: the best loss at {h['budget']:.3g} FLOPs was {h['observed']:.4f}, "
@@ -504,6 +619,13 @@ def holdout_markdown(held: list[dict]) -> list[str]:
                     "not extrapolate, so its optimum and crossings beyond the measured budgets are not to be trusted"
                     + ("" if h["surface"].get("form") == "kaplan" else
                        " (where size and tokens interact, as in short runs, `surface=kaplan` may fit)") + ".**"]
+        f = h.get("frontier")
+        if f is not None and "why" not in f and not f["within_interval"]:
+            out += ["", f"**⚠ frontier miss: {h['variant']}: the best loss at {h['budget']:.3g} FLOPs was "
+                    f"{h['observed']:.4f}, outside the interval{_ci(f['interval'], 4)} of the power law in C fitted on "
+                    "the smaller budgets' best losses"
+                    + (" (observed above it: a floor the smaller budgets did not show)" if f["error"] > 0 else "")
+                    + ".**"]
         if h["surface"].get("at_bounds"):
             out += ["", f"**⚠ {h['variant']}: the hold-out fit has {', '.join(h['surface']['at_bounds'])}: on a bound "
                     "of the fit, so its prediction leans on that bound.**"]
@@ -531,6 +653,15 @@ def figure(section: dict, path: Path) -> Path | None:
     return scaling_plot(series, path)
 
 
+def _frontier_words(f: dict | None) -> str:
+    if f is None:
+        return ""
+    if "why" in f:
+        return f"; the frontier: n/a ({f['why']})"
+    return (f"; the frontier (best loss per budget, a power law in C) predicts {f['predicted']:.4f}{_ci(f['interval'], 4)} "
+            f"({f['error']:+.2%}" + ("" if f["within_interval"] else ", outside its interval") + ")")
+
+
 def scaling_lines(section: dict) -> list[str]:
     """The scaling section in a few lines for the terminal (report.md has the tables)."""
     out = []
@@ -553,7 +684,7 @@ def scaling_lines(section: dict) -> list[str]:
     for h in section.get("holdout") or []:
         out.append(f"scaling: {h['variant']}: fitted without {h['budget']:.3g} FLOPs, predicts its best loss "
                    f"{h['predicted']:.4f}{_ci(h['interval'], 4)}, observed {h['observed']:.4f} ({h['error']:+.2%})"
-                   + ("" if h["within_interval"] else " — outside the interval"))
+                   + ("" if h["within_interval"] else " — outside the interval") + _frontier_words(h.get("frontier")))
     for label, grids in (section.get("next_grid") or {}).items():
         for g in grids:
             out.append(f"scaling: next grid: {g.get('command') or label + ': ' + g['why']}")

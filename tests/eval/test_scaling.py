@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -522,3 +523,88 @@ def test_an_optimum_below_the_smallest_step_gets_the_smallest_legal_sizes(tmp_pa
     (grid,) = next_grid(runs, v, ["model.d_model"])
     assert grid["sizes"] == [16, 32, 48]  # the step (32, halved once) is the least a size may move by
     assert grid["centre"] == pytest.approx(4.0, rel=1e-6)
+
+
+# -- the frontier: the best loss per budget, a power law in C --------------------------------
+
+# no floor: along its optimum, L*(C) is an exact power law in C with gamma = alpha beta / (alpha + beta)
+NO_FLOOR = sc.Surface(e=0.0, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0)
+FRONTIER_BUDGETS = (1e14, 3e14, 1e15, 3e15)
+
+
+@functools.lru_cache(maxsize=None)
+def _star(budget: float) -> float:
+    return true_optimum(NO_FLOOR, budget)
+
+
+def centred_design(seed=0, sigma=0.002, seeds=2, offset=0.0) -> list[sc.Cell]:
+    """NO_FLOOR's runs at three sizes per budget, a factor 3 apart around the true optimum;
+    ``offset`` added to the largest budget's losses (a planted miss)."""
+    rng = np.random.default_rng(seed)
+    cells = []
+    for budget in FRONTIER_BUDGETS:
+        for n in (_star(budget) / 3, _star(budget), _star(budget) * 3):
+            d = budget / SIX_N(n)
+            shift = offset if budget == FRONTIER_BUDGETS[-1] else 0.0
+            losses = tuple(float(NO_FLOOR.loss(n, d) + shift + rng.normal(0, sigma)) for _ in range(seeds))
+            cells.append(sc.Cell(float(n), float(d), float(budget), float(SIX_N(n)), float(budget), losses))
+    return cells
+
+
+def test_the_frontier_of_a_surface_without_a_floor_is_its_power_law_and_predicts_the_held_out_budget():
+    fit, best = sc.frontier_of(centred_design(sigma=0.0))
+    assert sorted(best) == list(FRONTIER_BUDGETS)
+    assert fit.gamma == pytest.approx(0.45 * 0.30 / 0.75, rel=1e-6)
+    # with seed noise, over 80 studies: the prediction near the truth, the 95% interval calibrated
+    # (200 studies gave 95.5%; a binomial's 95% on 80 spans about 0.9 to 1)
+    held = [sr.frontier_holdout(centred_design(seed), list(FRONTIER_BUDGETS), sc.BOOTSTRAPS) for seed in range(80)]
+    for h, seed in zip(held, range(80)):
+        cells = centred_design(seed)
+        assert h["observed"] == min(np.mean(c.losses) for c in cells if c.budget == FRONTIER_BUDGETS[-1])
+        assert h["fitted_on"] == list(FRONTIER_BUDGETS[:-1]) and h["interval"][0] < h["predicted"] < h["interval"][1]
+    assert np.median([abs(h["error"]) for h in held]) < 0.002  # the noise is 0.002 on a loss near 1.6
+    assert 0.85 <= np.mean([h["within_interval"] for h in held]) <= 1.0
+
+
+def test_a_planted_miss_is_outside_the_frontiers_interval_on_the_side_it_was_planted():
+    for offset, sign in ((0.05, 1), (-0.05, -1)):
+        h = sr.frontier_holdout(centred_design(offset=offset), list(FRONTIER_BUDGETS), 200)
+        assert not h["within_interval"] and np.sign(h["error"]) == sign, h
+
+
+def test_a_budget_whose_sizes_do_not_bracket_its_optimum_is_no_frontier_point():
+    cells = centred_design()
+    low = FRONTIER_BUDGETS[1]
+    # that budget's largest size made the best: its optimum lies past the grid
+    cells = [dataclasses.replace(c, losses=tuple(v - 1.0 for v in c.losses))
+             if c.budget == low and c.n == max(x.n for x in cells if x.budget == low) else c for c in cells]
+    _, best = sc.frontier_of(cells)
+    assert low not in best and len(best) == len(FRONTIER_BUDGETS) - 1
+    two = [c for c in cells if c.budget in FRONTIER_BUDGETS[1:3]]
+    with pytest.raises(ValueError, match="at least 2 budgets whose sizes bracket their optimum"):
+        sc.frontier_of(two)
+
+
+def test_the_report_gives_the_frontier_its_crossing_and_flags_a_floor_it_cannot_see(full_report):
+    result, out = full_report
+    front = result["scaling"]["frontier"]
+    assert set(front["variants"]) == {"model/attention=mha", "model/attention=mla"}
+    for v in front["variants"].values():
+        lo, hi = v["gamma_ci"]
+        assert lo <= v["gamma"] <= hi and [p["budget"] for p in v["best"]] == list(BUDGETS)
+    (cross,) = front["crossings"]
+    mha, mla = (sc.Frontier(math.log(v["c_c"]) * v["gamma"], v["gamma"]) for v in front["variants"].values())
+    assert mha.loss(cross["budget"]) == pytest.approx(mla.loss(cross["budget"]), rel=1e-9)
+    lo, hi = cross["ci"]
+    assert lo <= cross["budget"] <= hi
+    # these surfaces have a floor E: a power law through the smaller budgets' best losses
+    # expects more than the largest budget gives, and the report says so, once a variant
+    for h in result["scaling"]["holdout"]:
+        assert h["frontier"]["error"] > 0.01 and not h["frontier"]["within_interval"], h["frontier"]
+    text = (out / "report.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("**⚠ frontier miss:")]
+    assert len(lines) == 2 and all("a floor the smaller budgets did not show" in ln for ln in lines)
+    assert "| surface: predicted (95% PI) | error | frontier: predicted (95% PI) | error | observed |" in text
+    saved = json.loads((out / "report.json").read_text())["scaling"]
+    assert set(saved["holdout"][0]["frontier"]) >= {"predicted", "interval", "observed", "error", "within_interval"}
+    assert saved["frontier"]["crossings"][0]["budget"] == pytest.approx(cross["budget"])
