@@ -399,8 +399,12 @@ class Frontier:
         return np.exp(self.log_g - self.gamma * np.log(np.asarray(c, float)))
 
     @property
-    def c_c(self) -> float:
-        return math.exp(self.log_g / self.gamma) if self.gamma > 0 else math.inf
+    def c_c(self) -> float | None:
+        """The budget where the law reaches a loss of 1; None where the loss does not fall with
+        the budget, or where that budget is past a float's range."""
+        if self.gamma <= 0 or self.log_g / self.gamma > 700:
+            return None
+        return math.exp(self.log_g / self.gamma)
 
 
 def best_cells(cells: Sequence[Cell], means: Sequence[float] | None = None) -> dict[float, int]:

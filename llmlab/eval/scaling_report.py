@@ -269,6 +269,8 @@ def frontier_section(all_cells: dict[str, list[sc.Cell]], measured: tuple[float,
         fits[label] = {"gamma": fit.gamma, "c_c": fit.c_c, "gamma_ci": sc.interval([b.gamma for b in boots]),
                        "best": [{"budget": b, "n": cells[i].n, "loss": float(np.mean(cells[i].losses))}
                                 for b, i in sorted(best.items())],
+                       "not_bracketed": sorted(b for b in {c.budget for c in cells}
+                                               if not any(np.isclose(b, x) for x in best)),
                        "_fit": fit, "_boots": boots}
     out = []
     lo, hi = measured[0] / BELOW, measured[1] * ABOVE
@@ -580,7 +582,12 @@ def frontier_markdown(front: dict) -> list[str]:
             out.append(f"| {label} | n/a: {v['why']} | | |")
             continue
         points = ", ".join(f"{p['budget']:.3g}: {p['loss']:.4f} ({_g(p['n'])})" for p in v["best"])
+        if v.get("not_bracketed"):
+            points += "; left out, their sizes do not bracket the optimum: " + ", ".join(
+                f"{b:.3g}" for b in v["not_bracketed"])
         out.append(f"| {label} | {v['gamma']:.4f}{_ci(v['gamma_ci'], 3)} | {_g(v['c_c'])} | {points} |")
+    if front.get("crossings"):
+        out.append("")
     for c in front.get("crossings", []):
         if c["budget"] is None:
             out.append(f"- frontiers of {c['first']} and {c['second']}: no crossing in the searched range; lower at "

@@ -583,6 +583,21 @@ def test_a_budget_whose_sizes_do_not_bracket_its_optimum_is_no_frontier_point():
     two = [c for c in cells if c.budget in FRONTIER_BUDGETS[1:3]]
     with pytest.raises(ValueError, match="at least 2 budgets whose sizes bracket their optimum"):
         sc.frontier_of(two)
+    # the report lists the budget it left out, and says why a variant has no frontier at all
+    front = sr.frontier_section({"kept": cells, "gone": two}, (FRONTIER_BUDGETS[0], FRONTIER_BUDGETS[-1]), 20)
+    assert front["variants"]["kept"]["not_bracketed"] == [low]
+    assert front["variants"]["gone"] == {"why": "a frontier needs at least 2 budgets whose sizes bracket their optimum"}
+    text = "\n".join(sr.frontier_markdown(front))
+    assert "left out, their sizes do not bracket the optimum: 3e+14" in text
+    assert "| gone | n/a: a frontier needs at least 2 budgets" in text and front["crossings"] == []
+
+
+def test_a_loss_that_does_not_fall_with_the_budget_has_no_c_c_and_no_overflow():
+    flat = sc.fit_frontier([1e12, 1e13], [3.0, 3.0])
+    assert flat.gamma == pytest.approx(0.0, abs=1e-12) and flat.c_c is None
+    assert sc.fit_frontier([1e12, 1e13], [3.0, 3.3]).c_c is None  # rising
+    assert sc.Frontier(log_g=5.0, gamma=1e-4).c_c is None  # e^50000: past a float
+    assert sc.Frontier(log_g=1.0, gamma=0.1).c_c == pytest.approx(math.exp(10.0))
 
 
 def test_the_report_gives_the_frontier_its_crossing_and_flags_a_floor_it_cannot_see(full_report):
