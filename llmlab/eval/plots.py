@@ -125,7 +125,8 @@ def heatmaps_plot(weights: np.ndarray, labels: Sequence[str], path: Path, title:
 
 def scaling_plot(series: dict[str, dict], path: Path) -> Path:
     """Loss against training FLOPs, one colour per variant: measured runs as points, the fitted
-    compute-optimal loss L*(C) as a line, its bootstrap band shaded."""
+    compute-optimal loss L*(C) as a line, its bootstrap band shaded, and the frontier (the best
+    loss per budget's power law, no floor) dashed."""
     fig = Figure(figsize=(7.5, 4.5))
     ax = fig.add_subplot()
     for i, (label, s) in enumerate(series.items()):
@@ -135,10 +136,12 @@ def scaling_plot(series: dict[str, dict], path: Path) -> Path:
             ax.plot(s["x"], s["fit"], color=color, lw=1.5, label=f"{label}: fitted L*(C)")
             if "lo" in s:
                 ax.fill_between(s["x"], s["lo"], s["hi"], color=color, alpha=0.18, lw=0)
+        if "frontier" in s:
+            ax.plot(s["x"], s["frontier"], color=color, lw=1.2, ls="--", label=f"{label}: frontier, no floor")
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs (model card)")
     ax.set_ylabel("final validation loss")
-    ax.set_title("loss vs compute: runs, compute-optimal fit, 95% bootstrap band", fontsize=10)
+    ax.set_title("loss vs compute: runs, compute-optimal fit with its 95% bootstrap band, frontier (dashed)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return _save(fig, path)

@@ -266,7 +266,7 @@ def frontier_section(all_cells: dict[str, list[sc.Cell]], measured: tuple[float,
             fits[label] = {"why": str(e)}
             continue
         boots = sc.frontier_bootstrap(cells, reps)
-        fits[label] = {"gamma": fit.gamma, "c_c": fit.c_c, "gamma_ci": sc.interval([b.gamma for b in boots]),
+        fits[label] = {"gamma": fit.gamma, "log_g": fit.log_g, "c_c": fit.c_c, "gamma_ci": sc.interval([b.gamma for b in boots]),
                        "best": [{"budget": b, "n": cells[i].n, "loss": float(np.mean(cells[i].losses))}
                                 for b, i in sorted(best.items())],
                        "not_bracketed": sorted(b for b in {c.budget for c in cells}
@@ -654,6 +654,10 @@ def figure(section: dict, path: Path) -> Path | None:
             if v["_boots"]:
                 band = np.array([curve(v, b)(budgets) for b in v["_boots"]])
                 entry["lo"], entry["hi"] = np.quantile(band, 0.025, axis=0), np.quantile(band, 0.975, axis=0)
+        front = (section.get("frontier") or {}).get("variants", {}).get(label, {})
+        if "gamma" in front:
+            entry["x"] = budgets
+            entry["frontier"] = sc.Frontier(front["log_g"], front["gamma"]).loss(budgets)
         series[label] = entry
     if not any(e["points"][0] for e in series.values()):
         return None
