@@ -63,7 +63,7 @@ bench-long: install  ## the hour-long studies: tokenize at 200 MB / 1 GB / 2 GB,
 	$(PYTHON) -m bench.tokenize_scale --train-speed
 	$(PYTHON) -m bench.default_search
 	$(PYTHON) -m bench.mup_transfer
-	$(PYTHON) -m bench.isoflop
+	$(PYTHON) -m bench.isoflop --jobs 2
 	$(PYTHON) -m bench.holdout_forms
 
 bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, and its kernel-time split; results go to bench/results/

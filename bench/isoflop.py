@@ -3,10 +3,13 @@
 1. Planning: each variant at a few sizes and budgets, one seed (`llmlab train -m`), then
    `llmlab report`, whose scaling section fits L(N, D) and prints the next grid: at each
    budget, the sizes centred on the fitted optimum N*.
-2. The study: at each of the study's budgets, that variant's centred sizes, two seeds; then
+2. The study: at each of the study's budgets, that variant's centred sizes, three seeds; then
    `llmlab report` over all of them: the surface per variant, the compute-optimal sizes, the
-   IsoFLOP cross-check, the crossing and the hold-out check (the fit without the largest
-   budget predicts that budget's best loss).
+   IsoFLOP cross-check, the frontier, the crossing and the hold-out check (fitted without the
+   largest budget, the surface and the frontier each predict that budget's best loss).
+3. Re-centring (``--recentre``, one round): where that report finds a budget's grid
+   off-centre, the size one ``--multiple`` past the end nearer the optimum is run too, and the
+   report is written again.
 
 Every run uses muP (``model.parametrization=mup``, base width 32, untied head, the learning
 rate 8e-3 that ``bench.mup_transfer`` found best at widths 64 and 128), a warm-up of 5% of the
@@ -14,9 +17,9 @@ run (the default of a ``train.max_flops`` run), and widths that follow ``model.d
 latent d/2, its rotary and head dims d/4, a GELU FFN of 4 d), so each variant is the same
 design at every size. The budgets are small (5e10 to 5e11 FLOPs) so that the whole study,
 planning included, fits in well under an hour of 2 CPU cores: at these budgets the
-compute-optimal models are tiny (d_model 16 to 48, 2 layers, vocabulary 512).
+compute-optimal models are tiny (d_model 8 to 48, 2 layers, vocabulary 512).
 
-    python -m bench.isoflop                                    # about 30 minutes on 2 CPU cores
+    python -m bench.isoflop --jobs 2          # 18 minutes on 2 CPU cores (make bench-long)
     python -m bench.isoflop --budgets 5e10,1e11,2e11,5e11 --seeds 0,1 --keep /tmp/isoflop-runs
 
 On one CUDA GPU, ten times the budgets, three seeds and a corpus that no run repeats (the
@@ -106,7 +109,7 @@ def main() -> None:
     ap.add_argument("--plan-sizes", default="16,32,64", help="model.d_model values of the planning round")
     ap.add_argument("--plan-budgets", default="5e10,5e11", help="train.max_flops values of the planning round")
     ap.add_argument("--budgets", default="5e10,1e11,2e11,5e11", help="train.max_flops values of the study")
-    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--multiple", type=int, default=8, help="the study's sizes are multiples of this (32 with "
                     "model.n_layers=d_model/32, so that every size has whole layers at the same aspect ratio)")
     ap.add_argument("--points", type=int, default=3, help="sizes per budget in the study's grid, centred on the "
@@ -121,6 +124,9 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="copy the runs here (to report on them again)")
     ap.add_argument("--surface", default="chinchilla", help="the reports' surface (llmlab report surface=...): "
                     "chinchilla, kaplan where size and tokens interact, or auto (per variant, by a nested hold-out)")
+    ap.add_argument("--recentre", type=int, default=1, help="rounds that, where the study's report finds a budget's "
+                    "grid off-centre, add one size (a --multiple step past the end nearer the fitted optimum) and "
+                    "report again (0: none)")
     ap.add_argument("--grids", type=Path, help="a JSON file of the study's sizes, {variant: {budget: [d_model, ...]}}: "
                     "the planning round is skipped")
     ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "
@@ -178,24 +184,49 @@ def main() -> None:
                 for b, sizes in plan_grid([root / d for d in plan_dirs[name]], budgets, args.multiple, args.points).items():
                     grids.setdefault(name, {})[f"{b:g}"] = sizes
             chosen.write_text(json.dumps(grids))
-        for name in names:
-            for b in budgets:
-                for d in grids[name][f"{b:g}"]:
-                    words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}",
-                             f"seed={args.seeds}", *fixed]
-                    commands.append("llmlab " + " ".join(words))
-                    # each seed its own process, so that the longest cell's seeds run side by side
-                    for seed in args.seeds.split(","):
-                        one = [w if not w.startswith("seed=") else f"seed={seed}" for w in words]
-                        study.append((f"study {name} d{d} {b:g} seed {seed}",
-                                      [*one, f"hydra.sweep.dir=study/{name}-{b:g}-d{d}-seed{seed}"]))
-        walls.update(run_all(sorted(study, key=lambda s: -cost(s[1])), root, env, args.jobs))
+        def sweeps(cells: list[tuple[str, float, int]]) -> list[tuple[str, list[str]]]:
+            """Each (variant, budget, d_model) cell's seeds, each seed its own process, so that
+            the longest cell's seeds run side by side."""
+            out = []
+            for name, b, d in cells:
+                words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}",
+                         f"seed={args.seeds}", *fixed]
+                commands.append("llmlab " + " ".join(words))
+                for seed in args.seeds.split(","):
+                    one = [w if not w.startswith("seed=") else f"seed={seed}" for w in words]
+                    out.append((f"study {name} d{d} {b:g} seed {seed}",
+                                [*one, f"hydra.sweep.dir=study/{name}-{b:g}-d{d}-seed{seed}"]))
+            return out
+
+        def report_on(studied: list[tuple[str, list[str]]]) -> dict:
+            shutil.rmtree(out, ignore_errors=True)
+            dirs = [w.split("=", 1)[1] for _, words in studied for w in words if w.startswith("hydra.sweep.dir=")
+                    if (root / w.split("=", 1)[1]).exists()]
+            run(["report", *dirs, f"out={out}", f"surface={args.surface}", "hydra.run.dir=study-report-run"], root, env)
+            return json.loads((out / "report.json").read_text())
+
         out = RESULTS / args.name
-        shutil.rmtree(out, ignore_errors=True)
-        study_dirs = [w.split("=", 1)[1] for _, words in study for w in words if w.startswith("hydra.sweep.dir=")
-                      if (root / w.split("=", 1)[1]).exists()]
-        run(["report", *study_dirs, f"out={out}", f"surface={args.surface}", "hydra.run.dir=study-report-run"], root, env)
-        report = json.loads((out / "report.json").read_text())
+        study = sweeps([(name, b, d) for name in names for b in budgets for d in grids[name][f"{b:g}"]])
+        walls.update(run_all(sorted(study, key=lambda s: -cost(s[1])), root, env, args.jobs))
+        report = report_on(study)
+        added: list[dict] = []
+        for _ in range(args.recentre):
+            more = recentre(report.get("scaling"), grids, names, args.multiple)
+            if not more:
+                break
+            for m in more:
+                print(f"recentre: {m['variant']} at {m['budget']:g}: {m['why']}", flush=True)
+                if m["d_model"] is not None:
+                    grids[m["variant"]][f"{m['budget']:g}"] = sorted({*grids[m["variant"]][f"{m['budget']:g}"],
+                                                                      m["d_model"]})
+            added += more
+            chosen.write_text(json.dumps(grids))  # a resumed study runs the grid as extended
+            extra = sweeps([(m["variant"], m["budget"], m["d_model"]) for m in more if m["d_model"] is not None])
+            if not extra:
+                break
+            walls.update(run_all(sorted(extra, key=lambda s: -cost(s[1])), root, env, args.jobs))
+            study += extra
+            report = report_on(study)
         if args.keep:
             for d in ("plan", "study"):
                 shutil.copytree(root / d, args.keep / d, dirs_exist_ok=True)
@@ -209,7 +240,8 @@ def main() -> None:
     write_result(args.name, {"commands": commands, "jobs_at_once": args.jobs,
                              "wall_s": {k: round(v, 1) if v is not None else "failed" for k, v in walls.items()},
                              "total_wall_s": round(time.perf_counter() - start, 1),
-                             "plan": {"scaling": plan_scaling, "grids": grids}, "scaling": report.get("scaling"),
+                             "plan": {"scaling": plan_scaling, "grids": grids}, "recentred": added,
+                             "scaling": report.get("scaling"),
                              "jobs": jobs})
 
 
@@ -264,6 +296,37 @@ def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, po
     section = sr.scaling_section(find_runs(plan_dirs), at_budgets=budgets, points=points)
     (grids,) = section["next_grid"].values()
     return {g["budget"]: snap([int(x) for x in g["sizes"]], multiple) for g in grids}
+
+
+def recentre(section: dict | None, grids: dict[str, dict[str, list[int]]], names: list[str],
+             multiple: int) -> list[dict]:
+    """Where the study's report finds a budget's grid off-centre (the surface's optimum, or the
+    IsoFLOP vertex, outside the middle half of the sizes' log span), the size one ``multiple``
+    past the end of the grid nearer that optimum: {variant, budget, d_model (None where the grid
+    cannot grow that way), why}."""
+    from llmlab.eval import scaling as sc
+
+    out = []
+    for label, v in ((section or {}).get("variants") or {}).items():
+        words = set(label.split())
+        name = next((n for n in names if set(VARIANTS[n]) <= words), None)
+        if name is None:
+            continue
+        for b in v.get("per_budget", []):
+            if not b.get("isoflop_off_centre"):
+                continue
+            iso = b.get("isoflop") or {}
+            where = b["optimum_position"] if sc.off_centre(b["optimum_position"]) else iso.get("position")
+            if where is None:
+                continue
+            sizes = grids[name][f"{b['budget']:g}"]
+            low = where < 0.5
+            d = min(sizes) - multiple if low else max(sizes) + multiple
+            d = d if d >= multiple else None
+            out.append({"variant": name, "budget": b["budget"], "d_model": d, "position": where,
+                        "why": f"the optimum sits at {where:.2f} of the grid {sizes}'s log span: "
+                               + (f"adding d_model {d}" if d else f"no size below {min(sizes)} is a multiple of {multiple}")})
+    return out
 
 
 def snap(sizes: list[int], multiple: int) -> list[int]:

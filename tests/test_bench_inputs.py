@@ -102,3 +102,30 @@ def test_train_defaults_seed_pairs_give_the_mean_difference_with_its_t_interval(
     assert out["bpb_vs_reference_mean"] == pytest.approx(0.002)
     half = 4.302653 * 0.001 / 3 ** 0.5
     assert out["bpb_vs_reference_95ci"] == pytest.approx([0.002 - half, 0.002 + half], rel=1e-5)
+
+
+def test_recentre_adds_one_size_past_the_end_nearer_an_off_centre_optimum():
+    """The study's re-centring round (what its report flags off-centre gets one more size, on
+    the optimum's side), on a report's scaling section as `llmlab report` writes it."""
+    from bench.isoflop import recentre
+
+    mla = "attention.kv_rank=d_model/2 attention.nope_dim=d_model/4 attention.rope_dim=d_model/4 " \
+          "attention.v_dim=d_model/4 model/attention=mla"
+
+    def budget(b, position, iso_position=0.5, flagged=True):
+        return {"budget": b, "optimum_position": position, "isoflop": {"position": iso_position},
+                "isoflop_off_centre": flagged}
+
+    section = {"variants": {
+        "model/attention=mha": {"per_budget": [budget(5e10, -0.2), budget(1e11, 0.5, flagged=False),
+                                               budget(2e11, 0.5, iso_position=0.1)]},
+        mla: {"per_budget": [budget(5e10, 0.4, flagged=False), budget(2e11, 0.85), budget(5e11, 0.1)]},
+        "model/attention=gqa": {"per_budget": [budget(5e10, 0.9)]},  # not a variant of this study
+    }}
+    grids = {"mha": {"5e+10": [16, 32, 48], "1e+11": [8, 16, 40], "2e+11": [8, 24, 40]},
+             "mla": {"5e+10": [8, 16, 24], "2e+11": [8, 16, 24], "5e+11": [8, 16, 24]}}
+    more = recentre(section, grids, ["mha", "mla"], 8)
+    assert [(m["variant"], m["budget"], m["d_model"]) for m in more] == [
+        ("mha", 5e10, 8), ("mha", 2e11, None), ("mla", 2e11, 32), ("mla", 5e11, None)]
+    assert "no size below 8 is a multiple of 8" in more[1]["why"] and "adding d_model 32" in more[2]["why"]
+    assert recentre(None, grids, ["mha"], 8) == [] and recentre({"variants": {}}, grids, ["mha"], 8) == []
