@@ -300,10 +300,11 @@ def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, po
 
 def recentre(section: dict | None, grids: dict[str, dict[str, list[int]]], names: list[str],
              multiple: int) -> list[dict]:
-    """Where the study's report finds a budget's grid off-centre (the surface's optimum, or the
-    IsoFLOP vertex, outside the middle half of the sizes' log span), the size one ``multiple``
-    past the end of the grid nearer that optimum: {variant, budget, d_model (None where the grid
-    cannot grow that way), why}."""
+    """Where the study's report finds a budget's grid off-centre, the size one ``multiple`` past
+    an end of the grid: past the best size where that is an end, else past the end nearer the
+    surface's optimum (or the IsoFLOP vertex) when that lies outside the middle half of the
+    sizes' log span. Each: {variant, budget, d_model (None where the grid cannot grow that way),
+    why}."""
     from llmlab.eval import scaling as sc
 
     out = []
@@ -316,15 +317,19 @@ def recentre(section: dict | None, grids: dict[str, dict[str, list[int]]], names
             if not b.get("isoflop_off_centre"):
                 continue
             iso = b.get("isoflop") or {}
-            where = b["optimum_position"] if sc.off_centre(b["optimum_position"]) else iso.get("position")
+            if b.get("best_at_end"):  # the best size run is an end of the grid: grow the grid past it
+                where = 0.0 if b["best_at_end"] == "smallest" else 1.0
+            else:
+                where = b["optimum_position"] if sc.off_centre(b["optimum_position"]) else iso.get("position")
             if where is None:
                 continue
             sizes = grids[name][f"{b['budget']:g}"]
             low = where < 0.5
             d = min(sizes) - multiple if low else max(sizes) + multiple
             d = d if d >= multiple else None
-            out.append({"variant": name, "budget": b["budget"], "d_model": d, "position": where,
-                        "why": f"the optimum sits at {where:.2f} of the grid {sizes}'s log span: "
+            out.append({"variant": name, "budget": b["budget"], "d_model": d, "side": "below" if low else "above",
+                        "why": (f"the best size run is the grid {sizes}'s {b['best_at_end']}: " if b.get("best_at_end") else
+                                f"the optimum sits at {where:.2f} of the grid {sizes}'s log span: ")
                                + (f"adding d_model {d}" if d else f"no size below {min(sizes)} is a multiple of {multiple}")})
     return out
 

@@ -112,20 +112,23 @@ def test_recentre_adds_one_size_past_the_end_nearer_an_off_centre_optimum():
     mla = "attention.kv_rank=d_model/2 attention.nope_dim=d_model/4 attention.rope_dim=d_model/4 " \
           "attention.v_dim=d_model/4 model/attention=mla"
 
-    def budget(b, position, iso_position=0.5, flagged=True):
+    def budget(b, position, iso_position=0.5, flagged=True, best_at_end=None):
         return {"budget": b, "optimum_position": position, "isoflop": {"position": iso_position},
-                "isoflop_off_centre": flagged}
+                "isoflop_off_centre": flagged, "best_at_end": best_at_end}
 
     section = {"variants": {
         "model/attention=mha": {"per_budget": [budget(5e10, -0.2), budget(1e11, 0.5, flagged=False),
                                                budget(2e11, 0.5, iso_position=0.1)]},
-        mla: {"per_budget": [budget(5e10, 0.4, flagged=False), budget(2e11, 0.85), budget(5e11, 0.1)]},
+        mla: {"per_budget": [budget(5e10, 0.4, best_at_end="largest"), budget(2e11, 0.85), budget(5e11, 0.1),
+                             budget(1e12, 0.9, best_at_end="smallest")]},  # the best size run wins over the fit
         "model/attention=gqa": {"per_budget": [budget(5e10, 0.9)]},  # not a variant of this study
     }}
     grids = {"mha": {"5e+10": [16, 32, 48], "1e+11": [8, 16, 40], "2e+11": [8, 24, 40]},
-             "mla": {"5e+10": [8, 16, 24], "2e+11": [8, 16, 24], "5e+11": [8, 16, 24]}}
+             "mla": {"5e+10": [8, 16, 24], "2e+11": [8, 16, 24], "5e+11": [8, 16, 24], "1e+12": [16, 24, 32]}}
     more = recentre(section, grids, ["mha", "mla"], 8)
     assert [(m["variant"], m["budget"], m["d_model"]) for m in more] == [
-        ("mha", 5e10, 8), ("mha", 2e11, None), ("mla", 2e11, 32), ("mla", 5e11, None)]
-    assert "no size below 8 is a multiple of 8" in more[1]["why"] and "adding d_model 32" in more[2]["why"]
+        ("mha", 5e10, 8), ("mha", 2e11, None), ("mla", 5e10, 32), ("mla", 2e11, 32), ("mla", 5e11, None),
+        ("mla", 1e12, 8)]
+    assert "no size below 8 is a multiple of 8" in more[1]["why"] and "adding d_model 32" in more[3]["why"]
+    assert more[2]["why"].startswith("the best size run is the grid [8, 16, 24]'s largest")
     assert recentre(None, grids, ["mha"], 8) == [] and recentre({"variants": {}}, grids, ["mha"], 8) == []

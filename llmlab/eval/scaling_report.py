@@ -138,6 +138,9 @@ def analyse(cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "
         iso = sc.isoflop([c.n for c in here], [float(np.mean(c.losses)) for c in here]) if here else None
         grid = sorted({c.n for c in here})
         position = sc.grid_position(float(opt["n"]), grid) if len(grid) > 1 else None
+        # the best size run at an end of the grid: the runs did not bracket their optimum
+        best_n = min(here, key=lambda c: float(np.mean(c.losses))).n if len(grid) >= 3 else None
+        best_at_end = "smallest" if best_n == grid[0] else "largest" if best_n == grid[-1] else None
         per_budget.append({
             "budget": budget, "n_opt": float(opt["n"]), "d_opt": float(opt["d"]), "loss_opt": float(opt["loss"]),
             "at_edge": bool(opt["at_edge"]),
@@ -145,8 +148,9 @@ def analyse(cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "
             "d_opt_ci": sc.interval([float(o["d"]) for o in reps_opt]),
             "loss_opt_ci": sc.interval([float(o["loss"]) for o in reps_opt]),
             "sizes": grid, "optimum_position": position, "off_centre": sc.off_centre(position),
-            "isoflop": iso, "isoflop_off_centre": iso is not None and (sc.off_centre(iso["position"]) or
-                                                                       sc.off_centre(position)),
+            "isoflop": iso, "best_at_end": best_at_end,
+            "isoflop_off_centre": best_at_end is not None or (iso is not None and (sc.off_centre(iso["position"]) or
+                                                                                   sc.off_centre(position))),
         })
     return {"surface": sc.surface_dict(fit), "flops_per_token": {"k": flops.k, "gamma": flops.gamma},
             "ci": {k: sc.interval([getattr(b, k) for b in boots]) for k in ("e", "a", "alpha", "b", "beta")},
@@ -515,15 +519,16 @@ def markdown(section: dict, figure: str | None) -> list[str]:
         for b in v.get("per_budget", []):
             iso = b["isoflop"]
             iso_text = "n/a (< 3 sizes)" if iso is None else (iso["why"] or _g(iso["n"]))
-            grid = "off-centre ⚠" if b["isoflop_off_centre"] else "centred"
+            grid = ("off-centre ⚠" + (f" (best: the {b['best_at_end']} size)" if b.get("best_at_end") else "")
+                    if b["isoflop_off_centre"] else "centred")
             flagged |= b["isoflop_off_centre"]
             out.append(f"| {label} | {b['budget']:.3g} | {_g(b['n_opt'])}{_ci(b['n_opt_ci'])}"
                        f"{' (at the search edge)' if b['at_edge'] else ''} | {_g(b['d_opt'])}{_ci(b['d_opt_ci'])} | "
                        f"{b['loss_opt']:.4f}{_ci(b['loss_opt_ci'], 4)} | {iso_text} | {grid} |")
     if flagged:
-        out += ["", "**⚠ off-centre: the optimum lies outside the middle half of the sizes' log span at that budget. "
-                "There the IsoFLOP parabola's vertex is biased (Czech et al. 2026); widen the sizes toward N* "
-                "and trust the surface's N* over the parabola's.**"]
+        out += ["", "**⚠ off-centre: the optimum lies outside the middle half of the sizes' log span at that budget, "
+                "or the best size run there is the smallest or the largest. There the IsoFLOP parabola's vertex is "
+                "biased (Czech et al. 2026); widen the sizes toward N* and trust the surface's N* over the parabola's.**"]
     out += ["", f"Crossings of the optimal-loss curves L*(C), searched from {section['search'][0]:.3g} to "
             f"{section['search'][1]:.3g} FLOPs; the measured budgets span {section['measured'][0]:.3g} to "
             f"{section['measured'][1]:.3g}, and a crossing beyond them is an extrapolation of the fits.", ""]

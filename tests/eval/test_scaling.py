@@ -299,6 +299,23 @@ def test_an_off_centre_size_grid_is_flagged_in_the_report(tmp_path, few_replicat
     assert "off-centre ⚠" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_a_grid_whose_best_size_is_an_end_is_flagged_though_the_fits_optimum_is_central(tmp_path, few_replicates):
+    fake_sweep(tmp_path / "sweep", surfaces={"mha": TRUE})
+    # at 3e14 the middle size's seeds went wrong (+0.5): the largest size run is the best there,
+    # and the three losses have no parabola vertex (not convex), as at mla's 5e10 in bench.isoflop
+    for summary in (tmp_path / "sweep").glob("*/summary.json"):
+        s = json.loads(summary.read_text())
+        if s["flops"] == BUDGETS[1] and s["params_non_embedding"] == int(MIDDLE):
+            summary.write_text(json.dumps({**s, "val_loss": s["val_loss"] + 0.5}))
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
+    (v,) = result["scaling"]["variants"].values()
+    there = v["per_budget"][1]
+    assert [b["best_at_end"] for b in v["per_budget"]] == [None, "largest", None]
+    assert there["isoflop"]["position"] is None and not sc.off_centre(there["optimum_position"])  # both central
+    assert there["isoflop_off_centre"]
+    assert "| off-centre ⚠ (best: the largest size) |" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_runs_the_fit_cannot_place_are_named_not_dropped_in_silence(tmp_path, few_replicates):
     """A run whose summary.json lacks the size or the tokens (an older or hand-edited file)
     cannot be placed on the surface; one without a val_loss has no loss to fit. Both are left
