@@ -143,5 +143,6 @@ def scaling_plot(series: dict[str, dict], path: Path) -> Path:
     ax.set_ylabel("final validation loss")
     ax.set_title("loss vs compute: runs, compute-optimal fit with its 95% bootstrap band, frontier (dashed)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    # below the axes: variant labels are whole override lists, and would cover the runs
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), frameon=False)
     return _save(fig, path)
