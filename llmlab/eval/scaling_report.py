@@ -140,7 +140,7 @@ def analyse(cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "
         position = sc.grid_position(float(opt["n"]), grid) if len(grid) > 1 else None
         # the best size run at an end of the grid: the runs did not bracket their optimum
         best_n = min(here, key=lambda c: float(np.mean(c.losses))).n if len(grid) >= 3 else None
-        best_at_end = "smallest" if best_n == grid[0] else "largest" if best_n == grid[-1] else None
+        best_at_end = None if best_n is None else "smallest" if best_n == grid[0] else "largest" if best_n == grid[-1] else None
         per_budget.append({
             "budget": budget, "n_opt": float(opt["n"]), "d_opt": float(opt["d"]), "loss_opt": float(opt["loss"]),
             "at_edge": bool(opt["at_edge"]),

@@ -641,3 +641,17 @@ def test_the_report_gives_the_frontier_its_crossing_and_flags_a_floor_it_cannot_
     saved = json.loads((out / "report.json").read_text())["scaling"]
     assert set(saved["holdout"][0]["frontier"]) >= {"predicted", "interval", "observed", "error", "within_interval"}
     assert saved["frontier"]["crossings"][0]["budget"] == pytest.approx(cross["budget"])
+
+
+def test_the_optimum_and_next_grid_at_a_budget_not_run(tmp_path, few_replicates):
+    """`bench.isoflop` plans a study's grids from a planning round at other budgets: the section
+    asked at a budget with no runs gives its optimum and grid, and no grid position of its own."""
+    from llmlab.eval.runs import find_runs
+
+    fake_sweep(tmp_path / "sweep", surfaces={"mha": TRUE})
+    section = sr.scaling_section(find_runs([tmp_path / "sweep"]), at_budgets=[3e15], points=3)
+    ((b,),) = (v["per_budget"] for v in section["variants"].values())
+    assert b["budget"] == 3e15 and b["sizes"] == [] and b["best_at_end"] is None and not b["isoflop_off_centre"]
+    assert b["n_opt"] == pytest.approx(true_optimum(TRUE, 3e15), rel=0.15)
+    ((grid,),) = section["next_grid"].values()
+    assert grid["budget"] == 3e15 and len(grid["sizes"]) == 3
