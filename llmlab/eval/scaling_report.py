@@ -532,16 +532,7 @@ def markdown(section: dict, figure: str | None) -> list[str]:
     out += ["", f"Crossings of the optimal-loss curves L*(C), searched from {section['search'][0]:.3g} to "
             f"{section['search'][1]:.3g} FLOPs; the measured budgets span {section['measured'][0]:.3g} to "
             f"{section['measured'][1]:.3g}, and a crossing beyond them is an extrapolation of the fits.", ""]
-    for c in section["crossings"]:
-        if c["budget"] is None:
-            out.append(f"- {c['first']} vs {c['second']}: no crossing in the searched range; lower at the largest "
-                       f"budget: {c['lower_at_largest_budget']}"
-                       + (f" ({c['share_of_replicates']:.0%} of bootstrap replicates do cross)"
-                          if c["share_of_replicates"] else ""))
-        else:
-            out.append(f"- {c['first']} vs {c['second']}: cross at {c['budget']:.3g} FLOPs{_ci(c['ci'])} "
-                       f"({c['share_of_replicates']:.0%} of bootstrap replicates cross)"
-                       + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
+    out += [crossing_line(c, f"{c['first']} vs {c['second']}") for c in section["crossings"]]
     if not section["crossings"]:
         out.append("- (one variant only)")
     out += frontier_markdown(section.get("frontier") or {})
@@ -575,6 +566,17 @@ def chosen_markdown(chosen: dict[str, dict]) -> list[str]:
     return out + [""]
 
 
+def crossing_line(c: dict, pair: str) -> str:
+    """One crossing (of two surfaces' L*(C), or of two frontiers) as a list item."""
+    share = c["share_of_replicates"]
+    if c["budget"] is None:
+        return (f"- {pair}: no crossing in the searched range; lower at the largest budget: "
+                f"{c['lower_at_largest_budget']}" + (f" ({share:.0%} of bootstrap replicates do cross)" if share else ""))
+    return (f"- {pair}: cross at {c['budget']:.3g} FLOPs{_ci(c['ci'])} "
+            + (f"({share:.0%} of bootstrap replicates cross)" if share is not None else "(no bootstrap: one seed per cell)")
+            + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
+
+
 def frontier_markdown(front: dict) -> list[str]:
     """The frontier per variant (`frontier_section`) and where two frontiers cross."""
     if not front.get("variants"):
@@ -593,17 +595,7 @@ def frontier_markdown(front: dict) -> list[str]:
         out.append(f"| {label} | {v['gamma']:.4f}{_ci(v['gamma_ci'], 3)} | {_g(v['c_c'])} | {points} |")
     if front.get("crossings"):
         out.append("")
-    for c in front.get("crossings", []):
-        if c["budget"] is None:
-            out.append(f"- frontiers of {c['first']} and {c['second']}: no crossing in the searched range; lower at "
-                       f"the largest budget: {c['lower_at_largest_budget']}"
-                       + (f" ({c['share_of_replicates']:.0%} of bootstrap replicates do cross)"
-                          if c["share_of_replicates"] else ""))
-        else:
-            out.append(f"- frontiers of {c['first']} and {c['second']}: cross at {c['budget']:.3g} FLOPs{_ci(c['ci'])} "
-                       + (f"({c['share_of_replicates']:.0%} of bootstrap replicates cross)"
-                          if c["share_of_replicates"] is not None else "(one seed per cell: no bootstrap)")
-                       + (" — an extrapolation beyond the measured budgets" if c["extrapolated"] else ""))
+    out += [crossing_line(c, f"frontiers of {c['first']} and {c['second']}") for c in front.get("crossings", [])]
     return out
 
 
