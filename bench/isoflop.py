@@ -140,6 +140,8 @@ def main() -> None:
     plan_sizes = [int(d) for d in args.plan_sizes.split(",")]
     plan_budgets = [float(b) for b in args.plan_budgets.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
+    if args.recentre < 0:
+        sys.exit(f"bench.isoflop: --recentre: {args.recentre} rounds; allowed: 0 (none) or more")
     for given_twice in {f"{b:g}" for b in budgets if budgets.count(b) > 1}:  # two processes would share a run directory
         sys.exit(f"bench.isoflop: --budgets: {given_twice} is given twice")
     given = read_grids(args.grids, names, budgets) if args.grids else None  # checked before any run starts

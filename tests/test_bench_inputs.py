@@ -46,6 +46,15 @@ def test_a_budget_given_twice_stops_the_study_before_any_run(monkeypatch, tmp_pa
         isoflop.main()
 
 
+def test_a_negative_recentre_stops_the_study_before_any_run(monkeypatch, tmp_path):
+    from bench import isoflop
+
+    monkeypatch.setattr(isoflop, "run", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr("sys.argv", ["isoflop", "--recentre", "-1", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"^bench.isoflop: --recentre: -1 rounds; allowed: 0 \(none\) or more$"):
+        isoflop.main()
+
+
 @pytest.mark.parametrize("jobs, cores, given, threads", [(16, 16, None, "1"), (2, 16, None, "8"), (1, 2, None, "2"),
                                                        (4, 2, None, "1"), (16, 16, "3", "3")])
 def test_each_job_of_a_study_gets_its_share_of_the_cores(monkeypatch, tmp_path, jobs, cores, given, threads):
