@@ -419,9 +419,17 @@ def best_cells(cells: Sequence[Cell], means: Sequence[float] | None = None) -> d
     for budget, members in by.items():
         sizes = sorted({cells[i].n for i in members})
         i = min(members, key=lambda j: means[j])
-        if len(sizes) >= 3 and sizes[0] < cells[i].n < sizes[-1]:
+        if len(sizes) >= 3 and grid_end(sizes, cells[i].n) is None:
             best[budget] = i
     return best
+
+
+def grid_end(sizes: Sequence[float], n: float) -> str | None:
+    """"smallest" or "largest" where ``n`` is that end of a grid of 3 sizes or more (the grid
+    did not bracket its optimum), else None."""
+    if len(sizes) < 3:
+        return None
+    return "smallest" if n == min(sizes) else "largest" if n == max(sizes) else None
 
 
 def fit_frontier(budgets: Sequence[float], losses: Sequence[float]) -> Frontier:

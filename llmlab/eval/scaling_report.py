@@ -139,8 +139,7 @@ def analyse(cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "
         grid = sorted({c.n for c in here})
         position = sc.grid_position(float(opt["n"]), grid) if len(grid) > 1 else None
         # the best size run at an end of the grid: the runs did not bracket their optimum
-        best_n = min(here, key=lambda c: float(np.mean(c.losses))).n if len(grid) >= 3 else None
-        best_at_end = None if best_n is None else "smallest" if best_n == grid[0] else "largest" if best_n == grid[-1] else None
+        best_at_end = sc.grid_end(grid, min(here, key=lambda c: float(np.mean(c.losses))).n) if here else None
         per_budget.append({
             "budget": budget, "n_opt": float(opt["n"]), "d_opt": float(opt["d"]), "loss_opt": float(opt["loss"]),
             "at_edge": bool(opt["at_edge"]),
@@ -170,13 +169,20 @@ def crossings(found: dict[str, dict], measured: tuple[float, float]) -> list[dic
     for (na, a), (nb, b) in itertools.combinations([(k, v) for k, v in found.items() if "surface" in v], 2):
         at = sc.crossing(curve(a), curve(b), lo, hi)
         reps = [sc.crossing(curve(a, x), curve(b, y), lo, hi) for x, y in zip(a["_boots"], b["_boots"])]
-        hits = [r for r in reps if r is not None]
-        ahead = "first" if curve(a)(np.array([measured[1]]))[0] < curve(b)(np.array([measured[1]]))[0] else "second"
-        out.append({"first": na, "second": nb, "budget": at, "ci": sc.interval(hits) if hits else None,
-                    "share_of_replicates": len(hits) / len(reps) if reps else None,
-                    "extrapolated": at is not None and not measured[0] <= at <= measured[1],
-                    "lower_at_largest_budget": na if ahead == "first" else nb})
+        first_lower = curve(a)(np.array([measured[1]]))[0] < curve(b)(np.array([measured[1]]))[0]
+        out.append(crossing_entry(na, nb, at, reps, first_lower, measured))
     return out
+
+
+def crossing_entry(first: str, second: str, at: float | None, replicates: list[float | None], first_lower: bool,
+                   measured: tuple[float, float]) -> dict:
+    """Where two variants' curves cross (None: not in the searched range), with the interval
+    and share of the bootstrap replicates that cross, and which is lower at the largest budget."""
+    hits = [r for r in replicates if r is not None]
+    return {"first": first, "second": second, "budget": at, "ci": sc.interval(hits) if hits else None,
+            "share_of_replicates": len(hits) / len(replicates) if replicates else None,
+            "extrapolated": at is not None and not measured[0] <= at <= measured[1],
+            "lower_at_largest_budget": first if first_lower else second}
 
 
 def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, form: str = "chinchilla") -> dict | None:
@@ -248,10 +254,8 @@ def frontier_holdout(cells: list[sc.Cell], budgets: list[float], reps: int) -> d
 def _frontier_sd(train: list[sc.Cell], fit: sc.Frontier, best: dict[float, int]) -> tuple[float | None, int]:
     """One run's loss noise for the frontier's interval: the seeds' pooled spread, or with one
     seed per cell the frontier's residuals (None where they leave no degree of freedom)."""
-    spread = [(len(c.losses) - 1, float(np.var(c.losses, ddof=1))) for c in train if len(c.losses) > 1]
-    if spread:
-        dof = sum(k for k, _ in spread)
-        return math.sqrt(sum(k * v for k, v in spread) / dof), dof
+    if (pooled := pooled_seed_sd(train)) is not None:
+        return pooled
     dof = len(best) - 2
     if dof < 1:
         return None, 0
@@ -278,16 +282,15 @@ def frontier_section(all_cells: dict[str, list[sc.Cell]], measured: tuple[float,
                        "_fit": fit, "_boots": boots}
     out = []
     lo, hi = measured[0] / BELOW, measured[1] * ABOVE
+
+    def searched(at: float | None) -> float | None:  # the range the surfaces' crossings are searched in
+        return at if at is not None and lo <= at <= hi else None
+
     for (na, a), (nb, b) in itertools.combinations([(k, v) for k, v in fits.items() if "_fit" in v], 2):
-        at = sc.frontier_crossing(a["_fit"], b["_fit"])
-        reps_at = [sc.frontier_crossing(x, y) for x, y in zip(a["_boots"], b["_boots"])]
-        hits = [r for r in reps_at if r is not None and lo <= r <= hi]
-        at = at if at is not None and lo <= at <= hi else None
-        lower = na if a["_fit"].loss(measured[1]) < b["_fit"].loss(measured[1]) else nb
-        out.append({"first": na, "second": nb, "budget": at, "ci": sc.interval(hits) if hits else None,
-                    "share_of_replicates": len(hits) / len(reps_at) if reps_at else None,
-                    "extrapolated": at is not None and not measured[0] <= at <= measured[1],
-                    "lower_at_largest_budget": lower})
+        reps = [searched(sc.frontier_crossing(x, y)) for x, y in zip(a["_boots"], b["_boots"])]
+        first_lower = bool(a["_fit"].loss(measured[1]) < b["_fit"].loss(measured[1]))
+        out.append(crossing_entry(na, nb, searched(sc.frontier_crossing(a["_fit"], b["_fit"])), reps, first_lower,
+                                  measured))
     return {"variants": {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in fits.items()},
             "crossings": out}
 
@@ -329,14 +332,22 @@ def choose_form(cells: list[sc.Cell], budgets: list[float]) -> dict:
     return {"form": min(sc.FORMS, key=lambda f: abs(errors[f])), "fitted_on": inner, "budget": top, "errors": errors}
 
 
+def pooled_seed_sd(cells: list[sc.Cell]) -> tuple[float, int] | None:
+    """The pooled standard deviation of one run's loss over seeds within cells, and its degrees
+    of freedom; None where every cell has one seed."""
+    spread = [(len(c.losses) - 1, float(np.var(c.losses, ddof=1))) for c in cells if len(c.losses) > 1]
+    if not spread:
+        return None
+    dof = sum(k for k, _ in spread)
+    return math.sqrt(sum(k * v for k, v in spread) / dof), dof
+
+
 def seed_sd(cells: list[sc.Cell], fit: sc.Surface) -> tuple[float, int]:
     """One run's loss noise and its degrees of freedom: the pooled standard deviation over
     seeds within cells, or, with one seed per cell, the fit's residuals' (less its five
     parameters)."""
-    spread = [(len(c.losses) - 1, float(np.var(c.losses, ddof=1))) for c in cells if len(c.losses) > 1]
-    if spread:
-        dof = sum(k for k, _ in spread)
-        return math.sqrt(sum(k * v for k, v in spread) / dof), dof
+    if (pooled := pooled_seed_sd(cells)) is not None:
+        return pooled
     n, d, y = sc.runs_of(cells)
     residuals = y - fit.loss(n, d)
     dof = max(1, len(residuals) - 5)
