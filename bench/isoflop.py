@@ -12,7 +12,9 @@
    report is written again.
 
 Every run uses muP (``model.parametrization=mup``, base width 32, untied head, the learning
-rate 8e-3 that ``bench.mup_transfer`` found best at widths 64 and 128), a warm-up of 5% of the
+rate 8e-3 that ``bench.mup_transfer`` found best at widths 64 and 128; at width 32 its best was
+1.6e-2, its grid's end, so ``--lr 8e-3,1.6e-2,3.2e-2,6.4e-2`` runs every cell at each rate
+and the reports keep each cell's best, ``select=best_lr``), a warm-up of 5% of the
 run (the default of a ``train.max_flops`` run), and widths that follow ``model.d_model`` (MLA's
 latent d/2, its rotary and head dims d/4, a GELU FFN of 4 d), so each variant is the same
 design at every size. The budgets are small (5e10 to 5e11 FLOPs) so that the whole study,
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -114,7 +117,8 @@ def main() -> None:
                     "model.n_layers=d_model/32, so that every size has whole layers at the same aspect ratio)")
     ap.add_argument("--points", type=int, default=3, help="sizes per budget in the study's grid, centred on the "
                     "planning fit's optimum (4 or 5 leave room for a planning fit that is a little off)")
-    ap.add_argument("--lr", help="optim.lr for every run (default: the one in FIXED)")
+    ap.add_argument("--lr", help="optim.lr for every run (default: the one in FIXED), or several, comma-separated: "
+                    "every cell runs each, and the reports keep each cell's best (select=best_lr)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="one more override for every run (device=cuda, data.root=DIR, ...), or another value "
                     "for one of the fixed ones (train.batch_size=8); repeatable")
@@ -132,9 +136,15 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="run in this directory (default: a temporary one) and skip every "
                     "sweep that already finished there, so an interrupted study resumes")
     args = ap.parse_args()
-    extra = ([f"optim.lr={args.lr}"] if args.lr else []) + args.set
-    # a --set of a key FIXED sets (train.batch_size=8) replaces it
-    fixed = [w for w in FIXED if w.split("=", 1)[0] not in {e.split("=", 1)[0] for e in extra}] + extra
+    lrs = lr_values(args.lr)
+    if len(lrs) > 1 and any(w.startswith("optim.lr=") for w in args.set):
+        sys.exit("bench.isoflop: --set optim.lr: the learning rates are --lr's; give them there")
+    extra = ([f"optim.lr={lrs[0]}"] if len(lrs) == 1 else []) + args.set
+    # a --set of a key FIXED sets (train.batch_size=8) replaces it; several rates: each sweep its own
+    replaced = {e.split("=", 1)[0] for e in extra} | ({"optim.lr"} if len(lrs) > 1 else set())
+    fixed = [w for w in FIXED if w.split("=", 1)[0] not in replaced] + extra
+    rates = [(f"optim.lr={lr}", f"-lr{lr}") for lr in lrs] if len(lrs) > 1 else [(None, "")]
+    select = ["select=best_lr"] if len(lrs) > 1 else []
     names = args.variants.split(",")
     start = time.perf_counter()
     plan_sizes = [int(d) for d in args.plan_sizes.split(",")]
@@ -161,15 +171,18 @@ def main() -> None:
         for name in names if not args.grids else []:
             for d in plan_sizes:
                 for b in plan_budgets:
-                    words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}", "seed=0", *fixed]
-                    commands.append("llmlab " + " ".join(words))
-                    plan.append((f"plan {name} d{d} {b:g}", [*words, f"hydra.sweep.dir=plan/{name}-d{d}-{b:g}"]))
+                    for rate, tag in rates:
+                        words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}", "seed=0",
+                                 *fixed, *([rate] if rate else [])]
+                        commands.append("llmlab " + " ".join(words))
+                        plan.append((f"plan {name} d{d} {b:g}{tag}", [*words, f"hydra.sweep.dir=plan/{name}-d{d}-{b:g}{tag}"]))
         walls.update(run_all(sorted(plan, key=lambda p: -cost(p[1])), root, env, args.jobs))
-        plan_dirs = {name: [f"plan/{name}-d{d}-{b:g}" for d in plan_sizes for b in plan_budgets] for name in names}
+        plan_dirs = {name: [f"plan/{name}-d{d}-{b:g}{tag}" for d in plan_sizes for b in plan_budgets for _, tag in rates]
+                     for name in names}
         plan_dirs = {name: [d for d in dirs if (root / d).exists()] for name, dirs in plan_dirs.items()}
         plan_scaling = None
         if not args.grids:
-            run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report",
+            run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report", *select,
                  f"surface={args.surface}", "hydra.run.dir=plan-report-run"], root, env)
             plan_scaling = json.loads((root / "plan-report" / "report.json").read_text())["scaling"]
         study: list[tuple[str, list[str]]] = []
@@ -177,34 +190,37 @@ def main() -> None:
         chosen = root / "grids.json"  # what the first try chose: a resumed study keeps it
         if given is not None:
             grids = given
-            chosen.write_text(json.dumps(grids))
+            save_grids(chosen, grids)
         elif chosen.exists():
             grids = read_grids(chosen, names, budgets)
         else:
             for name in names:
                 # at each study budget, the sizes centred on the planning fit's N* there
-                for b, sizes in plan_grid([root / d for d in plan_dirs[name]], budgets, args.multiple, args.points).items():
+                for b, sizes in plan_grid([root / d for d in plan_dirs[name]], budgets, args.multiple, args.points,
+                                           best_lr=bool(select)).items():
                     grids.setdefault(name, {})[f"{b:g}"] = sizes
-            chosen.write_text(json.dumps(grids))
+            save_grids(chosen, grids)
         def sweeps(cells: list[tuple[str, float, int]]) -> list[tuple[str, list[str]]]:
             """Each (variant, budget, d_model) cell's seeds, each seed its own process, so that
             the longest cell's seeds run side by side."""
             out = []
             for name, b, d in cells:
-                words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}",
-                         f"seed={args.seeds}", *fixed]
-                commands.append("llmlab " + " ".join(words))
-                for seed in args.seeds.split(","):
-                    one = [w if not w.startswith("seed=") else f"seed={seed}" for w in words]
-                    out.append((f"study {name} d{d} {b:g} seed {seed}",
-                                [*one, f"hydra.sweep.dir=study/{name}-{b:g}-d{d}-seed{seed}"]))
+                for rate, tag in rates:
+                    words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}",
+                             f"seed={args.seeds}", *fixed, *([rate] if rate else [])]
+                    commands.append("llmlab " + " ".join(words))
+                    for seed in args.seeds.split(","):
+                        one = [w if not w.startswith("seed=") else f"seed={seed}" for w in words]
+                        out.append((f"study {name} d{d} {b:g} seed {seed}{tag}",
+                                    [*one, f"hydra.sweep.dir=study/{name}-{b:g}-d{d}-seed{seed}{tag}"]))
             return out
 
         def report_on(studied: list[tuple[str, list[str]]]) -> dict:
             shutil.rmtree(out, ignore_errors=True)
             dirs = [w.split("=", 1)[1] for _, words in studied for w in words if w.startswith("hydra.sweep.dir=")
                     if (root / w.split("=", 1)[1]).exists()]
-            run(["report", *dirs, f"out={out}", f"surface={args.surface}", "hydra.run.dir=study-report-run"], root, env)
+            run(["report", *dirs, f"out={out}", *select, f"surface={args.surface}", "hydra.run.dir=study-report-run"],
+                root, env)
             return json.loads((out / "report.json").read_text())
 
         out = RESULTS / args.name
@@ -222,7 +238,7 @@ def main() -> None:
                     grids[m["variant"]][f"{m['budget']:g}"] = sorted({*grids[m["variant"]][f"{m['budget']:g}"],
                                                                       m["d_model"]})
             added += more
-            chosen.write_text(json.dumps(grids))  # a resumed study runs the grid as extended
+            save_grids(chosen, grids)  # a resumed study runs the grid as extended
             extra = sweeps([(m["variant"], m["budget"], m["d_model"]) for m in more if m["d_model"] is not None])
             if not extra:
                 break
@@ -245,6 +261,24 @@ def main() -> None:
                              "plan": {"scaling": plan_scaling, "grids": grids}, "recentred": added,
                              "scaling": report.get("scaling"),
                              "jobs": jobs})
+
+
+def lr_values(text: str | None) -> list[str]:
+    """--lr's rates, as given (they name the sweeps); anything not a positive number stops the
+    bench with one line."""
+    if text is None:
+        return []
+    values = [v.strip() for v in text.split(",")]
+    for v in values:
+        try:
+            ok = math.isfinite(float(v)) and float(v) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            sys.exit(f"bench.isoflop: --lr: {v!r} is not a learning rate; allowed: positive numbers, comma-separated")
+    for twice in {v for v in values if values.count(v) > 1}:
+        sys.exit(f"bench.isoflop: --lr: {twice} is given twice")
+    return values
 
 
 def cost(words: list[str]) -> float:
@@ -287,15 +321,35 @@ def read_grids(path: Path, names: list[str], budgets: list[float]) -> dict[str, 
     return grids
 
 
-def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, points: int = 3) -> dict[float, list[int]]:
+def save_grids(path: Path, grids: dict[str, dict[str, list[int]]]) -> None:
+    """Write the study's sizes to ``path``, keeping the sizes it holds for other variants and
+    budgets: a study over some of a work directory's budgets (given that file as ``--grids``)
+    leaves the rest of its record as it was."""
+    try:
+        kept = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        kept = None
+    if not isinstance(kept, dict):
+        print(f"bench.isoflop: {path}: not a JSON object of sizes; replaced by this study's", flush=True)
+        kept = {}
+    for name, per_budget in grids.items():
+        kept[name] = {**(kept.get(name) if isinstance(kept.get(name), dict) else {}), **per_budget}
+    path.write_text(json.dumps(kept))
+
+
+def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, points: int = 3,
+              best_lr: bool = False) -> dict[float, list[int]]:
     """The planning runs' next grid at the study's budgets (which need not be the planning
     round's): the report's scaling section, asked at those budgets for ``points`` sizes each,
     each size a multiple of ``multiple`` (MLA's rotary width d/4 must be even with 4 heads: d
-    a multiple of 8)."""
+    a multiple of 8). ``best_lr``: the runs have several rates, and each cell's best counts."""
     from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
 
-    section = sr.scaling_section(find_runs(plan_dirs), at_budgets=budgets, points=points)
+    runs = find_runs(plan_dirs)
+    if best_lr:
+        runs, _ = sr.select_best_lr(runs)
+    section = sr.scaling_section(runs, {sr.LR_KEY} if best_lr else set(), at_budgets=budgets, points=points)
     (grids,) = section["next_grid"].values()
     return {g["budget"]: snap([int(x) for x in g["sizes"]], multiple) for g in grids}
 

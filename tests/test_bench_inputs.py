@@ -55,6 +55,76 @@ def test_a_negative_recentre_stops_the_study_before_any_run(monkeypatch, tmp_pat
         isoflop.main()
 
 
+def test_a_study_over_some_budgets_keeps_the_work_directorys_other_sizes(tmp_path, capsys):
+    # `--grids W/grids.json --budgets <some>` over a work directory: the other budgets stay recorded
+    from bench.isoflop import save_grids
+
+    path = tmp_path / "grids.json"
+    path.write_text(json.dumps({"mha": {"5e+11": [16, 32], "1e+12": [24, 32]}, "mla": {"1e+12": [40]}}))
+    save_grids(path, {"mha": {"5e+11": [16, 32, 48]}})
+    assert json.loads(path.read_text()) == {"mha": {"5e+11": [16, 32, 48], "1e+12": [24, 32]}, "mla": {"1e+12": [40]}}
+    assert capsys.readouterr().out == ""
+    path.write_text("[1, 2")  # a damaged record is replaced, and said so
+    save_grids(path, {"mha": {"5e+11": [8]}})
+    assert json.loads(path.read_text()) == {"mha": {"5e+11": [8]}}
+    assert capsys.readouterr().out == f"bench.isoflop: {path}: not a JSON object of sizes; replaced by this study's\n"
+
+
+@pytest.mark.parametrize("given, names", [
+    (["--lr", "8e-3,abc"], "--lr: 'abc' is not a learning rate; allowed: positive numbers, comma-separated"),
+    (["--lr", "8e-3,0"], "--lr: '0' is not a learning rate; allowed: positive numbers, comma-separated"),
+    (["--lr", "8e-3,nan"], "--lr: 'nan' is not a learning rate"),
+    (["--lr", "8e-3,1.6e-2,8e-3"], "--lr: 8e-3 is given twice"),
+    (["--lr", "8e-3,1.6e-2", "--set", "optim.lr=1e-3"], "--set optim.lr: the learning rates are --lr's"),
+])
+def test_a_mistyped_learning_rate_stops_the_study_before_any_run(monkeypatch, tmp_path, given, names):
+    from bench import isoflop
+
+    monkeypatch.setattr(isoflop, "run", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr("sys.argv", ["isoflop", *given, "--work", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        isoflop.main()
+    assert str(stop.value).startswith(f"bench.isoflop: {names}") and "\n" not in str(stop.value)
+
+
+@pytest.mark.parametrize("rates, dirs, lrs, select", [
+    (None, ["mha-1e+11-d16-seed0"], ["optim.lr=8e-3"], False),
+    ("1e-2", ["mha-1e+11-d16-seed0"], ["optim.lr=1e-2"], False),
+    ("8e-3,1.6e-2", ["mha-1e+11-d16-seed0-lr1.6e-2", "mha-1e+11-d16-seed0-lr8e-3"], ["optim.lr=1.6e-2", "optim.lr=8e-3"],
+     True),
+])
+def test_a_study_runs_each_cell_at_each_learning_rate_and_keeps_its_best(monkeypatch, tmp_path, rates, dirs, lrs, select):
+    from bench import isoflop
+
+    ran = []
+
+    def fake_run(words, cwd, env):
+        ran.append(words)
+        for w in words:
+            if w.startswith("hydra.sweep.dir="):
+                (cwd / w.split("=", 1)[1]).mkdir(parents=True)
+            if w.startswith("out="):
+                (tmp_path / "results" / "isoflop").mkdir(parents=True, exist_ok=True)
+                (tmp_path / "results" / "isoflop" / "report.json").write_text("{}")
+                (tmp_path / "results" / "isoflop" / "report.md").write_text("")
+        return 0.0
+
+    monkeypatch.setattr(isoflop, "run", fake_run)
+    monkeypatch.setattr(isoflop, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(isoflop, "write_result", lambda name, data: None)
+    grids = tmp_path / "grids.json"
+    grids.write_text(json.dumps({"mha": {"1e11": [16]}}))
+    monkeypatch.setattr("sys.argv", ["isoflop", "--variants", "mha", "--budgets", "1e11", "--seeds", "0", "--grids",
+                                     str(grids), "--work", str(tmp_path / "work"), *(["--lr", rates] if rates else [])])
+    isoflop.main()
+    trains = [w for w in ran if w[0] == "train"]
+    assert sorted(w[-1] for w in trains) == [f"hydra.sweep.dir=study/{d}" for d in dirs]
+    assert sorted(x for w in trains for x in w if x.startswith("optim.lr=")) == lrs  # one rate a run
+    (report,) = [w for w in ran if w[0] == "report"]
+    assert sorted(w for w in report if w.startswith("study/")) == [f"study/{d}" for d in dirs]
+    assert ("select=best_lr" in report) == select
+
+
 @pytest.mark.parametrize("jobs, cores, given, threads", [(16, 16, None, "1"), (2, 16, None, "8"), (1, 2, None, "2"),
                                                        (4, 2, None, "1"), (16, 16, "3", "3")])
 def test_each_job_of_a_study_gets_its_share_of_the_cores(monkeypatch, tmp_path, jobs, cores, given, threads):
