@@ -251,6 +251,10 @@ def notes(report: dict) -> list[str]:
         out.append(("‡ " if flagged else "") + report["size_note"])
     if report.get("speed_note"):
         out.append(report["speed_note"])
+    from llmlab.eval.scaling_report import lr_edge_note
+
+    if (edge := lr_edge_note(report.get("lr_choices") or [])):
+        out.append(edge)
     if report.get("no_loss"):
         gone = report["no_loss"]
         out.append(f"{len(gone)} run{'s' if len(gone) > 1 else ''} without a val_loss in summary.json (no evaluation "
@@ -276,7 +280,8 @@ def markdown(report: dict, figure: str | None, scaling_figure: str | None = None
         out += ["`select=best_lr`: in each cell, the runs of the learning rate with the lowest mean final validation "
                 "loss are kept (a single shared learning rate favours the variant it happens to suit):", ""]
         out += [f"- {c['cell']}: optim.lr={c['lr']} (val loss {c['val_loss']:.4f}; tried "
-                + ", ".join(f"{lr}: {v}" for lr, v in c["tried"].items()) + ")" for c in report["lr_choices"]]
+                + ", ".join(f"{lr}: {v}" for lr, v in c["tried"].items())
+                + (f"; the {c['at_end']} tried" if c.get("at_end") else "") + ")" for c in report["lr_choices"]]
         out += [""]
     out += table(COLUMNS, table_rows(report))
     out += ["", "Speeds: median over timings and seeds ± half their interquartile range (or half the range "
@@ -377,7 +382,8 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
         return t
 
     for c in choices or []:
-        show.print(f"select=best_lr: {c['cell']}: optim.lr={c['lr']} (val loss {c['val_loss']:.4f})", highlight=False)
+        show.print(f"select=best_lr: {c['cell']}: optim.lr={c['lr']} (val loss {c['val_loss']:.4f}"
+                   + (f"; the {c['at_end']} tried" if c.get("at_end") else "") + ")", highlight=False)
     show.print(table(f"{plural(len(runs), 'run')} in {plural(len(result['groups']), 'group')} "
                      f"(val loss: mean ± 95% CI over seeds; matched tokens {matched})", COLUMNS, table_rows(result)))
     for line in notes(result):

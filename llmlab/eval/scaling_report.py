@@ -39,7 +39,9 @@ def is_size_key(key: str) -> bool:
 
 def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
     """Keep, in each cell (the overrides minus ``seed`` and ``optim.lr``), the runs of the
-    learning rate with the lowest mean final validation loss over its seeds."""
+    learning rate with the lowest mean final validation loss over its seeds. A choice's
+    ``at_end`` says where it is the smallest or the largest rate that cell tried (its best rate
+    may lie past it), None where tried rates lie on both sides."""
     if not any(_value(r, LR_KEY) is not None for r in runs):
         raise UserError(f"select: best_lr needs runs with an {LR_KEY} axis (llmlab train -m {LR_KEY}=1e-3,3e-3 ...); "
                         "these runs have none; allowed: all, best_lr")
@@ -56,9 +58,21 @@ def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
             continue
         best = min(means, key=means.get)
         kept += by_lr[best]
+        order = sorted(means, key=float_or)
+        at_end = None if len(order) < 2 or order[0] != best != order[-1] else "smallest" if best == order[0] else "largest"
         choices.append({"cell": " ".join(o for o in cell if o not in shared) or "all runs", "lr": best, "val_loss": means[best],
-                        "tried": {lr: round(v, 4) for lr, v in sorted(means.items(), key=lambda kv: float_or(kv[0]))}})
+                        "tried": {lr: round(means[lr], 4) for lr in order}, "at_end": at_end})
     return kept, choices
+
+
+def lr_edge_note(choices: list[dict]) -> str | None:
+    """One line naming the cells whose best rate is an end of the rates they tried, or None."""
+    edge = [c for c in choices if c.get("at_end")]
+    if not edge:
+        return None
+    return (f"select=best_lr: {len(edge)} of {len(choices)} cells chose the smallest or the largest rate they tried, "
+            "so their best rate may lie past it and their loss is an upper bound: "
+            + "; ".join(f"{c['cell']} ({c['at_end']}, optim.lr={c['lr']})" for c in edge) + ".")
 
 
 def float_or(text: str) -> float:

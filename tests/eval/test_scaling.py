@@ -351,10 +351,22 @@ def test_select_best_lr_keeps_each_cells_best_learning_rate(tmp_path, few_replic
     choices = result["lr_choices"]
     assert len(choices) == 2 * 3 * 3 and {c["lr"] for c in choices} == {"0.003"}
     assert all(len(c["tried"]) == 3 and "optim.lr" not in c["cell"] for c in choices)
+    assert all(c["at_end"] is None for c in choices)  # 3e-3 has a tried rate on each side
     assert choices[0]["cell"] == "model.d_model=64 model/attention=mha train.max_flops=1e+14"
     assert sum(g["seeds"] for g in result["groups"]) == 2 * 3 * 3 * 2  # only the chosen runs remain
     assert "scaling" in result and set(result["scaling"]["variants"]) == {"model/attention=mha", "model/attention=mla"}
     assert "`select=best_lr`" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_select_best_lr_says_where_the_best_rate_is_an_end_of_those_tried(tmp_path, few_replicates):
+    # the best rate, 3e-3, is the largest these runs tried: its optimum may lie past it
+    fake_sweep(tmp_path / "sweep", sizes=(MIDDLE,), lrs=(1e-3, 3e-3), seeds=(0,))
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out", select="best_lr")
+    choices = result["lr_choices"]
+    assert choices and all(c["lr"] == "0.003" and c["at_end"] == "largest" for c in choices)
+    note = next(line for line in (tmp_path / "out" / "report.md").read_text().splitlines() if "cells chose" in line)
+    assert f"{len(choices)} of {len(choices)} cells chose the smallest or the largest rate" in note
+    assert "model/attention=mla train.max_flops=1e+14 (largest, optim.lr=0.003)" in note
 
 
 def test_select_best_lr_without_an_lr_axis_names_the_setting(tmp_path):
