@@ -33,7 +33,8 @@ import numpy as np
 
 from bench.common import RESULTS, machine
 
-STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep")
+STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-lr-5e11", "isoflop-lr", "isoflop-lr-1e12",
+           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep")
 SIZE = re.compile(r"(?:^| )model\.d_model=(\d+)(?: |$)")
 BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
 
