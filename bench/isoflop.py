@@ -143,13 +143,18 @@ def main() -> None:
     # a --set of a key FIXED sets (train.batch_size=8) replaces it; several rates: each sweep its own
     replaced = {e.split("=", 1)[0] for e in extra} | ({"optim.lr"} if len(lrs) > 1 else set())
     fixed = [w for w in FIXED if w.split("=", 1)[0] not in replaced] + extra
-    rates = [(f"optim.lr={lr}", f"-lr{lr}") for lr in lrs] if len(lrs) > 1 else [(None, "")]
-    select = ["select=best_lr"] if len(lrs) > 1 else []
+    # several rates: each sweep its rate, its directory named by it, and each cell's best kept
+    rates = [([f"optim.lr={lr}"], f"-lr{lr}") for lr in lrs] if len(lrs) > 1 else [([], "")]
+    select = "best_lr" if len(lrs) > 1 else "all"
     names = args.variants.split(",")
     start = time.perf_counter()
     plan_sizes = [int(d) for d in args.plan_sizes.split(",")]
     plan_budgets = [float(b) for b in args.plan_budgets.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
+    if not args.grids and (min(len(plan_sizes), len(plan_budgets)) < 2 or len(plan_sizes) * len(plan_budgets) < 5):
+        sys.exit(f"bench.isoflop: --plan-sizes {args.plan_sizes} --plan-budgets {args.plan_budgets}: too few runs for "
+                 "the planning fit (it needs 2 sizes, 2 budgets and 5 runs); allowed: 3 sizes or more and 2 budgets "
+                 "or more, or --grids")
     if args.recentre < 0:
         sys.exit(f"bench.isoflop: --recentre: {args.recentre} rounds; allowed: 0 (none) or more")
     for given_twice in {f"{b:g}" for b in budgets if budgets.count(b) > 1}:  # two processes would share a run directory
@@ -172,8 +177,7 @@ def main() -> None:
             for d in plan_sizes:
                 for b in plan_budgets:
                     for rate, tag in rates:
-                        words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}", "seed=0",
-                                 *fixed, *([rate] if rate else [])]
+                        words = train_words(name, d, b, "0", [*fixed, *rate])
                         commands.append("llmlab " + " ".join(words))
                         plan.append((f"plan {name} d{d} {b:g}{tag}", [*words, f"hydra.sweep.dir=plan/{name}-d{d}-{b:g}{tag}"]))
         walls.update(run_all(sorted(plan, key=lambda p: -cost(p[1])), root, env, args.jobs))
@@ -182,7 +186,7 @@ def main() -> None:
         plan_dirs = {name: [d for d in dirs if (root / d).exists()] for name, dirs in plan_dirs.items()}
         plan_scaling = None
         if not args.grids:
-            run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report", *select,
+            run(["report", *[d for dirs in plan_dirs.values() for d in dirs], "out=plan-report", f"select={select}",
                  f"surface={args.surface}", "hydra.run.dir=plan-report-run"], root, env)
             plan_scaling = json.loads((root / "plan-report" / "report.json").read_text())["scaling"]
         study: list[tuple[str, list[str]]] = []
@@ -197,7 +201,7 @@ def main() -> None:
             for name in names:
                 # at each study budget, the sizes centred on the planning fit's N* there
                 for b, sizes in plan_grid([root / d for d in plan_dirs[name]], budgets, args.multiple, args.points,
-                                           best_lr=bool(select)).items():
+                                           select).items():
                     grids.setdefault(name, {})[f"{b:g}"] = sizes
             save_grids(chosen, grids)
         def sweeps(cells: list[tuple[str, float, int]]) -> list[tuple[str, list[str]]]:
@@ -206,8 +210,7 @@ def main() -> None:
             out = []
             for name, b, d in cells:
                 for rate, tag in rates:
-                    words = ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={b:g}",
-                             f"seed={args.seeds}", *fixed, *([rate] if rate else [])]
+                    words = train_words(name, d, b, args.seeds, [*fixed, *rate])
                     commands.append("llmlab " + " ".join(words))
                     for seed in args.seeds.split(","):
                         one = [w if not w.startswith("seed=") else f"seed={seed}" for w in words]
@@ -219,7 +222,7 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             dirs = [w.split("=", 1)[1] for _, words in studied for w in words if w.startswith("hydra.sweep.dir=")
                     if (root / w.split("=", 1)[1]).exists()]
-            run(["report", *dirs, f"out={out}", *select, f"surface={args.surface}", "hydra.run.dir=study-report-run"],
+            run(["report", *dirs, f"out={out}", f"select={select}", f"surface={args.surface}", "hydra.run.dir=study-report-run"],
                 root, env)
             return json.loads((out / "report.json").read_text())
 
@@ -261,6 +264,11 @@ def main() -> None:
                              "plan": {"scaling": plan_scaling, "grids": grids}, "recentred": added,
                              "scaling": report.get("scaling"),
                              "jobs": jobs})
+
+
+def train_words(name: str, d: int, budget: float, seeds: str, fixed: list[str]) -> list[str]:
+    """``llmlab train -m``'s words for one variant at one size and budget."""
+    return ["train", "-m", *VARIANTS[name], f"model.d_model={d}", f"train.max_flops={budget:g}", f"seed={seeds}", *fixed]
 
 
 def lr_values(text: str | None) -> list[str]:
@@ -338,18 +346,21 @@ def save_grids(path: Path, grids: dict[str, dict[str, list[int]]]) -> None:
 
 
 def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, points: int = 3,
-              best_lr: bool = False) -> dict[float, list[int]]:
+              select: str = "all") -> dict[float, list[int]]:
     """The planning runs' next grid at the study's budgets (which need not be the planning
     round's): the report's scaling section, asked at those budgets for ``points`` sizes each,
     each size a multiple of ``multiple`` (MLA's rotary width d/4 must be even with 4 heads: d
-    a multiple of 8). ``best_lr``: the runs have several rates, and each cell's best counts."""
+    a multiple of 8). ``select``: as the report's (best_lr: each cell's best rate counts)."""
     from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
 
-    runs = find_runs(plan_dirs)
-    if best_lr:
-        runs, _ = sr.select_best_lr(runs)
-    section = sr.scaling_section(runs, {sr.LR_KEY} if best_lr else set(), at_budgets=budgets, points=points)
+    runs, _, drop = sr.apply_select(find_runs(plan_dirs), select)
+    section = sr.scaling_section(runs, drop, at_budgets=budgets, points=points)
+    if not section or not section["next_grid"]:  # a planning round too small, or runs that failed
+        why = "; ".join(v["why"] for v in (section or {}).get("variants", {}).values() if v.get("why"))
+        sys.exit(f"bench.isoflop: the planning runs {plan_dirs[0].parent}/{plan_dirs[0].name.split('-d')[0]}-* give no fit "
+                 f"to centre the study's grids on ({why or 'no size and budget axes'}); allowed: --plan-sizes with 3 "
+                 "sizes or more and --plan-budgets with 2 or more, or --grids")
     (grids,) = section["next_grid"].values()
     return {g["budget"]: snap([int(x) for x in g["sizes"]], multiple) for g in grids}
 

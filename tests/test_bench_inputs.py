@@ -46,6 +46,16 @@ def test_a_budget_given_twice_stops_the_study_before_any_run(monkeypatch, tmp_pa
         isoflop.main()
 
 
+def test_a_planning_round_too_small_to_fit_stops_the_study_before_any_run(monkeypatch, tmp_path):
+    from bench import isoflop
+
+    monkeypatch.setattr(isoflop, "run", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr("sys.argv", ["isoflop", "--plan-sizes", "8,16", "--plan-budgets", "2e9,8e9", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"^bench.isoflop: --plan-sizes 8,16 --plan-budgets 2e9,8e9: too few runs for "
+                                         r"the planning fit .*allowed: 3 sizes or more"):
+        isoflop.main()
+
+
 def test_a_negative_recentre_stops_the_study_before_any_run(monkeypatch, tmp_path):
     from bench import isoflop
 

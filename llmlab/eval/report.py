@@ -341,10 +341,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
 
     from llmlab.eval import scaling_report as sr
 
-    runs = find_runs(dirs)
-    choices = None
-    if select == "best_lr":
-        runs, choices = sr.select_best_lr(runs)
+    runs, choices, drop = sr.apply_select(find_runs(dirs), select)
     others = [read_overrides(path) for path in unfinished or {}]
     result = build_report(runs, baseline, others)
     if choices is not None:
@@ -352,7 +349,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
     out.mkdir(parents=True, exist_ok=True)
-    scaling = sr.scaling_section(runs, {sr.LR_KEY} if select == "best_lr" else set(), min_steps=min_steps,
+    scaling = sr.scaling_section(runs, drop, min_steps=min_steps,
                                  form=surface)
     scaled = None
     if scaling is not None:

@@ -65,6 +65,15 @@ def select_best_lr(runs: list[Run]) -> tuple[list[Run], list[dict]]:
     return kept, choices
 
 
+def apply_select(runs: list[Run], select: str) -> tuple[list[Run], list[dict] | None, set[str]]:
+    """A report's ``select``: the runs it keeps, its choices (None for ``all``), and the keys the
+    scaling section leaves out of the variants' labels."""
+    if select == "best_lr":
+        kept, choices = select_best_lr(runs)
+        return kept, choices, {LR_KEY}
+    return runs, None, set()
+
+
 def lr_edge_note(choices: list[dict]) -> str | None:
     """One line naming the cells whose best rate is an end of the rates they tried, or None."""
     edge = [c for c in choices if c.get("at_end")]
