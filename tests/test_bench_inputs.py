@@ -46,16 +46,6 @@ def test_a_budget_given_twice_stops_the_study_before_any_run(monkeypatch, tmp_pa
         isoflop.main()
 
 
-def test_a_planning_round_too_small_to_fit_stops_the_study_before_any_run(monkeypatch, tmp_path):
-    from bench import isoflop
-
-    monkeypatch.setattr(isoflop, "run", lambda *a, **k: pytest.fail("a run started"))
-    monkeypatch.setattr("sys.argv", ["isoflop", "--plan-sizes", "8,16", "--plan-budgets", "2e9,8e9", "--work", str(tmp_path)])
-    with pytest.raises(SystemExit, match=r"^bench.isoflop: --plan-sizes 8,16 --plan-budgets 2e9,8e9: too few runs for "
-                                         r"the planning fit .*allowed: 3 sizes or more"):
-        isoflop.main()
-
-
 def test_a_negative_recentre_stops_the_study_before_any_run(monkeypatch, tmp_path):
     from bench import isoflop
 
@@ -86,8 +76,11 @@ def test_a_study_over_some_budgets_keeps_the_work_directorys_other_sizes(tmp_pat
     (["--lr", "8e-3,nan"], "--lr: 'nan' is not a learning rate"),
     (["--lr", "8e-3,1.6e-2,8e-3"], "--lr: 8e-3 is given twice"),
     (["--lr", "8e-3,1.6e-2", "--set", "optim.lr=1e-3"], "--set optim.lr: the learning rates are --lr's"),
+    (["--plan-sizes", "8,16", "--plan-budgets", "2e9,8e9"],  # a planning round too small to fit
+     "--plan-sizes 8,16 --plan-budgets 2e9,8e9: too few runs for the planning fit (it needs 2 sizes, 2 budgets and 5 "
+     "runs); allowed: 3 sizes or more and 2 budgets or more, or --grids"),
 ])
-def test_a_mistyped_learning_rate_stops_the_study_before_any_run(monkeypatch, tmp_path, given, names):
+def test_a_mistyped_setting_stops_the_study_before_any_run(monkeypatch, tmp_path, given, names):
     from bench import isoflop
 
     monkeypatch.setattr(isoflop, "run", lambda *a, **k: pytest.fail("a run started"))
