@@ -13,7 +13,9 @@ nanoGPT runs as its README's CPU line gives it (``--device=cpu --compile=False -
 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
 --max_iters=<steps> --lr_decay_iters=<steps> --dropout=0.0``) on its own character data, which
 this script writes as its ``prepare.py`` does (sorted characters, the first 90% for training).
-Its tokens/s is the median of its per-iteration times, without the iterations that evaluate.
+Its tokens/s is the median of its per-iteration times, without the iterations that evaluate. Its
+validation loss is its final weights' mean loss over every window of its val split, as the plain
+loop's is scored (its own 20-batch estimate is kept beside it).
 Targets:
   - llmlab's tokens/s >= the plain loop's, and >= 1.1x nanoGPT's (median of the rounds' ratios);
   - val loss <= nanoGPT's at step 2000;
@@ -88,10 +90,40 @@ def nanogpt_setup(checkout: Path, text: Path, work: Path) -> Path:
     return work
 
 
+# nanoGPT's final weights scored as the plain loop's are (bench/plain.py's eval_plain): the mean loss
+# over every non-overlapping window of its val split, in batches of 64, so that the three validation
+# losses are one measure and not its 20-random-batch estimate. Run in nanoGPT's folder, with its model.py.
+NANOGPT_EVAL = """
+import json, sys
+import numpy as np, torch
+from model import GPT, GPTConfig
+ckpt = torch.load("out-shakespeare-char/ckpt.pt", map_location="cpu", weights_only=True)
+model = GPT(GPTConfig(**ckpt["model_args"]))
+model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+model.eval()
+block = int(sys.argv[1])
+val = np.fromfile("data/shakespeare_char/val.bin", dtype=np.uint16).astype(np.int64)
+n = (len(val) - 1) // block
+total, count = 0.0, 0
+with torch.no_grad():
+    for first in range(0, n, 64):
+        rows = torch.from_numpy(np.stack([val[s:s + block + 1] for s in range(first * block, min(n, first + 64) * block, block)]))
+        _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())
+        total += float(loss) * rows.shape[0]
+        count += rows.shape[0]
+print(json.dumps({"val_loss": total / count, "iter_num": int(ckpt["iter_num"]), "windows": count}))
+"""
+
+
 def nanogpt_train(work: Path, steps: int) -> dict:
+    # always_save_checkpoint: its config saves only when its estimate improves; the final weights are scored here
     args = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
             f"--block_size={BLOCK}", f"--batch_size={BATCH}", f"--n_layer={LAYERS}", f"--n_head={HEADS}",
-            f"--n_embd={WIDTH}", f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0"]
+            f"--n_embd={WIDTH}", f"--max_iters={steps}", f"--lr_decay_iters={steps}", "--dropout=0.0",
+            "--always_save_checkpoint=True"]
+    every = 250 if steps % 250 == 0 else steps  # its config's eval_interval, or one at the end: the last step is saved
+    if every != 250:
+        args.append(f"--eval_interval={every}")
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "train.py", *args], cwd=work, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -101,16 +133,24 @@ def nanogpt_train(work: Path, steps: int) -> dict:
     for line in done.stdout.splitlines():
         if m := ITER_LINE.match(line):
             step = int(m[1])
-            if step >= 10 and step % 250:  # its first steps and the steps that evaluate (every 250) aside
+            if step >= 10 and step % every:  # its first steps and the steps that evaluate (and save) aside
                 times.append(float(m[3]) / 1000)
         elif m := EVAL_LINE.match(line):
             evals.append((int(m[1]), float(m[3])))
     if not times:
         sys.exit(f"bench.shakespeare: nanoGPT printed no timed iterations in {steps} steps; give --steps 20 or more")
+    scored = subprocess.run([sys.executable, "-c", NANOGPT_EVAL, str(BLOCK)], cwd=work, capture_output=True, text=True)
+    if scored.returncode:
+        sys.exit(f"bench.shakespeare: scoring nanoGPT's checkpoint failed:\n{scored.stderr[-1500:]}")
+    whole = json.loads(scored.stdout.strip().splitlines()[-1])
+    if whole["iter_num"] != steps:
+        sys.exit(f"bench.shakespeare: nanoGPT's checkpoint is of iteration {whole['iter_num']}, not {steps}")
     return {"command": "python train.py " + " ".join(args), "wall_s": round(wall, 1),
             "tokens_per_s": BATCH * BLOCK / statistics.median(times), "step_s_median": statistics.median(times),
-            "val_loss": evals[-1][1] if evals else None, "val_loss_step": evals[-1][0] if evals else None,
-            "val_loss_note": "nanoGPT's estimate: 20 random batches of the val split"}
+            "val_loss": whole["val_loss"], "val_windows": whole["windows"],
+            "val_loss_estimate": evals[-1][1] if evals else None, "val_loss_estimate_step": evals[-1][0] if evals else None,
+            "val_loss_note": "val_loss: its weights at the last step over the whole val split, as the plain loop's; "
+                             "val_loss_estimate: its own 20 random batches"}
 
 
 def plain_train(prepared, steps: int) -> dict:
@@ -181,7 +221,8 @@ def main() -> None:
     if "nanogpt" in result:
         n = result["nanogpt"]
         print(f"nanoGPT {n['tokens_per_s']:,.0f} tok/s: llmlab at {result['llmlab_vs_nanogpt']:.2f}x "
-              f"(rounds {result['llmlab_vs_nanogpt_rounds']}); nanoGPT val loss {n['val_loss']} (its estimate)")
+              f"(rounds {result['llmlab_vs_nanogpt_rounds']}); nanoGPT val loss {n['val_loss']:.4f} (whole split; "
+              f"its estimate {n['val_loss_estimate']})")
     print(f"val loss: gpt2 {g['val_loss']:.4f} ({g['params']:,} params), plain {p['val_loss']:.4f}, "
           f"llama {m['val_loss']:.4f} ({m['params']:,} params)")
     print(f"CPU MFU at d_model 512: {result['mfu_d512']['mfu']:.1%} ({result['mfu_d512']['tokens_per_s']:,.0f} tok/s)")
