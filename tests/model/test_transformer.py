@@ -139,6 +139,36 @@ def test_cached_decoding_under_bf16_autocast(attn):
     torch.testing.assert_close(steps, full, atol=0.1, rtol=0.05)
 
 
+@pytest.mark.parametrize("mask", ["causal flag", "float bias"])
+def test_cpu_attention_under_bf16_computes_its_scores_in_fp32(mask):
+    """On the CPU, PyTorch's flash kernel is many times slower in bf16 than in fp32 (its backward
+    above all), so under ``precision=bf16`` the attention core takes the bf16 projections up to
+    fp32 and its result back down: exactly what fp32 attention of those bf16 values gives, in
+    the forward and in the gradients; fp32 inputs go to SDPA as they are."""
+    from llmlab.model.attention import fused_sdpa
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).bfloat16().requires_grad_() for _ in range(3))
+    kwargs = ({"is_causal": True} if mask == "causal flag"
+              else {"attn_mask": torch.randn(16, 16).bfloat16().masked_fill(torch.ones(16, 16).triu(1).bool(), float("-inf"))})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fused_sdpa(q, k, v, **kwargs)
+    ref_kwargs = dict(kwargs)
+    if "attn_mask" in kwargs:
+        ref_kwargs["attn_mask"] = kwargs["attn_mask"].float()
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q2.float(), k2.float(), v2.float(), **ref_kwargs).bfloat16()
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, ref)
+    g = torch.randn_like(y)
+    y.backward(g)
+    ref.backward(g)
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        assert a.grad.dtype == torch.bfloat16 and torch.equal(a.grad, b.grad)
+    x = torch.randn(2, 4, 16, 8)
+    assert torch.equal(fused_sdpa(x, x, x, is_causal=True),
+                       torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True))
+
+
 @pytest.mark.parametrize("attn", ATTENTION.names())
 def test_cached_and_uncached_greedy_generation_agree(attn):
     model = tiny_model(attention=ATTN[attn])
