@@ -67,19 +67,35 @@ def machine() -> dict:
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
+def cpu_fields() -> dict[str, str] | None:
+    """The first processor's lines of /proc/cpuinfo (they say it for every core); None where
+    the system has no such file."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def native_bf16() -> bool:
+    """Whether the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), where
+    ``precision=bf16`` makes the matmuls cheaper; elsewhere it is emulated, and slower."""
+    fields = cpu_fields() or {}
+    return bool({"avx512_bf16", "amx_bf16"} & set(fields.get("flags", "").split()))
+
+
 def cpu_name() -> str | None:
     """The CPU's model and its widest vector instructions, beside each result: the shared
     machine is not always the same host, and CPU timings differ between hosts by more than
     their noise. None where the system does not say."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    fields = cpu_fields()
+    if fields is None:
         return platform.processor() or None
-    fields: dict[str, str] = {}
-    for line in info.splitlines():  # the first processor's lines say it for every core
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
     model, flags = fields.get("model name"), set(fields.get("flags", "").split())
     extra = [name for name in ("avx512f", "avx512_bf16", "amx_tile") if name in flags] or (["avx2"] if "avx2" in flags else [])
     return " ".join(filter(None, [model, "(" + ", ".join(extra) + ")" if extra else None])) or None

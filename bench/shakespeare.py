@@ -16,6 +16,9 @@ this script writes as its ``prepare.py`` does (sorted characters, the first 90% 
 Its tokens/s is the median of its per-iteration times, without the iterations that evaluate. Its
 validation loss is its final weights' mean loss over every window of its val split, as the plain
 loop's is scored (its own 20-batch estimate is kept beside it).
+Where the CPU multiplies bf16 in hardware (AVX-512 BF16, AMX; or ``--bf16``), each round also
+runs llmlab with ``precision=bf16``: the same recipe with its matmuls in bf16 (nanoGPT's train.py
+autocasts on CUDA only).
 Targets:
   - llmlab's tokens/s >= the plain loop's, and >= 1.1x nanoGPT's (median of the rounds' ratios);
   - val loss <= nanoGPT's at step 2000;
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import child_env, llmlab, train_config, write_result
+from bench.common import child_env, llmlab, native_bf16, train_config, write_result
 
 WIDTH, LAYERS, HEADS, BLOCK, BATCH = 128, 4, 4, 64, 12  # nanoGPT's CPU line: n_embd, n_layer, n_head, block, batch
 SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", f"model.max_seq_len={BLOCK}",
@@ -171,6 +174,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of llmlab, the plain loop (and nanoGPT)")
     ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout (github.com/karpathy/nanoGPT): time its train.py too")
     ap.add_argument("--mfu-steps", type=int, default=60)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time llmlab with precision=bf16 (default: where the CPU has AVX-512 BF16 or AMX)")
     args = ap.parse_args()
     data = Path(args.data).resolve()
     if not data.is_file():
@@ -185,6 +190,11 @@ def main() -> None:
         prepared = prepared_tokens(env["LLMLAB_CACHE"], base)  # into the cache llmlab's runs read
         runners = {"gpt2": lambda r: llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base]),
                    "plain": lambda r: plain_train(prepared, args.steps)}
+        bf16 = args.bf16 if args.bf16 is not None else native_bf16()
+        result["bf16"] = bf16
+        if bf16:  # the same recipe with the matmuls in bf16 (the attention core stays fp32 on CPUs)
+            runners["gpt2_bf16"] = lambda r: llmlab_train(tmp, env, f"gpt2-bf16-{r}",
+                                                          ["model=gpt2", *SHAPE, *MODEL, *base, "precision=bf16"])
         if nano is not None:
             runners["nanogpt"] = lambda r: nanogpt_train(nano, args.steps)
         names = list(runners)
@@ -194,19 +204,21 @@ def main() -> None:
             order = names[r % len(names):] + names[:r % len(names)]
             done = {name: runners[name](r) for name in order}
             this = {name: done[name] for name in names}
-            this["llmlab_vs_plain"] = this["gpt2"]["tokens_per_s"] / this["plain"]["tokens_per_s"]
-            if nano is not None:
-                this["llmlab_vs_nanogpt"] = this["gpt2"]["tokens_per_s"] / this["nanogpt"]["tokens_per_s"]
+            for run, tag in (("gpt2", "llmlab"), ("gpt2_bf16", "llmlab_bf16")):
+                if run in this:
+                    this[f"{tag}_vs_plain"] = this[run]["tokens_per_s"] / this["plain"]["tokens_per_s"]
+                    if nano is not None:
+                        this[f"{tag}_vs_nanogpt"] = this[run]["tokens_per_s"] / this["nanogpt"]["tokens_per_s"]
             print(f"round {r + 1}: " + ", ".join(f"{k} {v['tokens_per_s']:,.0f} tok/s" for k, v in this.items()
                                                   if isinstance(v, dict)))
             rounds.append(this)
         result["rounds_detail"] = rounds
-        for key in ("gpt2", "plain", "nanogpt"):
+        for key in ("gpt2", "gpt2_bf16", "plain", "nanogpt"):
             if key in rounds[0]:
                 result[key] = {**rounds[-1][key], "tokens_per_s": statistics.median(x[key]["tokens_per_s"] for x in rounds),
                                "tokens_per_s_rounds": [round(x[key]["tokens_per_s"]) for x in rounds],
                                "val_loss_rounds": [x[key]["val_loss"] for x in rounds]}
-        for key in ("llmlab_vs_plain", "llmlab_vs_nanogpt"):
+        for key in ("llmlab_vs_plain", "llmlab_vs_nanogpt", "llmlab_bf16_vs_plain", "llmlab_bf16_vs_nanogpt"):
             if key in rounds[0]:
                 result[key] = statistics.median(x[key] for x in rounds)
                 result[key + "_rounds"] = [round(x[key], 3) for x in rounds]
@@ -223,6 +235,11 @@ def main() -> None:
         print(f"nanoGPT {n['tokens_per_s']:,.0f} tok/s: llmlab at {result['llmlab_vs_nanogpt']:.2f}x "
               f"(rounds {result['llmlab_vs_nanogpt_rounds']}); nanoGPT val loss {n['val_loss']:.4f} (whole split; "
               f"its estimate {n['val_loss_estimate']})")
+    if "gpt2_bf16" in result:
+        b = result["gpt2_bf16"]
+        print(f"precision=bf16: llmlab {b['tokens_per_s']:,.0f} tok/s, {result['llmlab_bf16_vs_plain']:.2f}x the plain loop"
+              + (f", {result['llmlab_bf16_vs_nanogpt']:.2f}x nanoGPT (rounds {result['llmlab_bf16_vs_nanogpt_rounds']})"
+                 if "llmlab_bf16_vs_nanogpt" in result else "") + f"; val loss {b['val_loss']:.4f}")
     print(f"val loss: gpt2 {g['val_loss']:.4f} ({g['params']:,} params), plain {p['val_loss']:.4f}, "
           f"llama {m['val_loss']:.4f} ({m['params']:,} params)")
     print(f"CPU MFU at d_model 512: {result['mfu_d512']['mfu']:.1%} ({result['mfu_d512']['tokens_per_s']:,.0f} tok/s)")
