@@ -144,7 +144,7 @@ def test_cpu_attention_under_bf16_computes_its_scores_in_fp32(mask):
     """On the CPU, PyTorch's flash kernel is many times slower in bf16 than in fp32 (its backward
     above all), so under ``precision=bf16`` the attention core takes the bf16 projections up to
     fp32 and its result back down: exactly what fp32 attention of those bf16 values gives, in
-    the forward and in the gradients; fp32 inputs go to SDPA as they are."""
+    the forward and in the gradients; fp32 inputs, and one decoded query, go to SDPA as they are."""
     from llmlab.model.attention import fused_sdpa
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 16, 8).bfloat16().requires_grad_() for _ in range(3))
@@ -167,6 +167,10 @@ def test_cpu_attention_under_bf16_computes_its_scores_in_fp32(mask):
     x = torch.randn(2, 4, 16, 8)
     assert torch.equal(fused_sdpa(x, x, x, is_causal=True),
                        torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True))
+    one = q.detach()[:, :, -1:]  # a decoded token's query keeps the bf16 kernel
+    with torch.no_grad():
+        assert torch.equal(fused_sdpa(one, k.detach(), v.detach()),
+                           torch.nn.functional.scaled_dot_product_attention(one, k.detach(), v.detach()))
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
