@@ -17,8 +17,8 @@ Its tokens/s is the median of its per-iteration times, without the iterations th
 validation loss is its final weights' mean loss over every window of its val split, as the plain
 loop's is scored (its own 20-batch estimate is kept beside it).
 Where the CPU multiplies bf16 in hardware (AVX-512 BF16, AMX; or ``--bf16``), each round also
-runs llmlab with ``precision=bf16``: the same recipe with its matmuls in bf16 (nanoGPT's train.py
-autocasts on CUDA only).
+runs llmlab with ``precision=bf16``, the same recipe with its matmuls in bf16, and the plain loop
+under the same autocast (nanoGPT's train.py autocasts on CUDA only).
 Targets:
   - llmlab's tokens/s >= the plain loop's, and >= 1.1x nanoGPT's (median of the rounds' ratios);
   - val loss <= nanoGPT's at step 2000;
@@ -156,12 +156,12 @@ def nanogpt_train(work: Path, steps: int) -> dict:
                              "val_loss_estimate: its own 20 random batches"}
 
 
-def plain_train(prepared, steps: int) -> dict:
+def plain_train(prepared, steps: int, precision: str = "fp32") -> dict:
     from bench.plain import eval_plain, train_plain
     vocab = -(-prepared.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE  # llmlab pads the embedding the same way
     t = time.perf_counter()
     plain = train_plain(prepared.tokens("train"), vocab, WIDTH, LAYERS, HEADS, BLOCK, BATCH, steps, lr=1e-3, warmup=100,
-                        min_lr=1e-4, betas=(0.9, 0.99), bias=False)
+                        min_lr=1e-4, betas=(0.9, 0.99), bias=False, precision=precision)
     plain["wall_s"] = round(time.perf_counter() - t, 1)
     plain["val_loss"] = eval_plain(plain.pop("model"), prepared.tokens("val"), BLOCK, 64)
     return plain
@@ -195,6 +195,7 @@ def main() -> None:
         if bf16:  # the same recipe with the matmuls in bf16 (the attention core stays fp32 on CPUs)
             runners["gpt2_bf16"] = lambda r: llmlab_train(tmp, env, f"gpt2-bf16-{r}",
                                                           ["model=gpt2", *SHAPE, *MODEL, *base, "precision=bf16"])
+            runners["plain_bf16"] = lambda r: plain_train(prepared, args.steps, "bf16")  # its yardstick, likewise
         if nano is not None:
             runners["nanogpt"] = lambda r: nanogpt_train(nano, args.steps)
         names = list(runners)
@@ -204,16 +205,16 @@ def main() -> None:
             order = names[r % len(names):] + names[:r % len(names)]
             done = {name: runners[name](r) for name in order}
             this = {name: done[name] for name in names}
-            for run, tag in (("gpt2", "llmlab"), ("gpt2_bf16", "llmlab_bf16")):
-                if run in this:
-                    this[f"{tag}_vs_plain"] = this[run]["tokens_per_s"] / this["plain"]["tokens_per_s"]
+            for run, tag, plain in (("gpt2", "llmlab", "plain"), ("gpt2_bf16", "llmlab_bf16", "plain_bf16")):
+                if run in this:  # each against the plain loop in its own precision
+                    this[f"{tag}_vs_plain"] = this[run]["tokens_per_s"] / this[plain]["tokens_per_s"]
                     if nano is not None:
                         this[f"{tag}_vs_nanogpt"] = this[run]["tokens_per_s"] / this["nanogpt"]["tokens_per_s"]
             print(f"round {r + 1}: " + ", ".join(f"{k} {v['tokens_per_s']:,.0f} tok/s" for k, v in this.items()
                                                   if isinstance(v, dict)))
             rounds.append(this)
         result["rounds_detail"] = rounds
-        for key in ("gpt2", "gpt2_bf16", "plain", "nanogpt"):
+        for key in ("gpt2", "gpt2_bf16", "plain", "plain_bf16", "nanogpt"):
             if key in rounds[0]:
                 result[key] = {**rounds[-1][key], "tokens_per_s": statistics.median(x[key]["tokens_per_s"] for x in rounds),
                                "tokens_per_s_rounds": [round(x[key]["tokens_per_s"]) for x in rounds],
@@ -237,7 +238,8 @@ def main() -> None:
               f"its estimate {n['val_loss_estimate']})")
     if "gpt2_bf16" in result:
         b = result["gpt2_bf16"]
-        print(f"precision=bf16: llmlab {b['tokens_per_s']:,.0f} tok/s, {result['llmlab_bf16_vs_plain']:.2f}x the plain loop"
+        print(f"precision=bf16: llmlab {b['tokens_per_s']:,.0f} tok/s, {result['llmlab_bf16_vs_plain']:.2f}x the plain loop's "
+              f"{result['plain_bf16']['tokens_per_s']:,.0f} in bf16 (val loss {result['plain_bf16']['val_loss']:.4f})"
               + (f", {result['llmlab_bf16_vs_nanogpt']:.2f}x nanoGPT (rounds {result['llmlab_bf16_vs_nanogpt_rounds']})"
                  if "llmlab_bf16_vs_nanogpt" in result else "") + f"; val loss {b['val_loss']:.4f}")
     print(f"val loss: gpt2 {g['val_loss']:.4f} ({g['params']:,} params), plain {p['val_loss']:.4f}, "
