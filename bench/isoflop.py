@@ -358,7 +358,7 @@ def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, po
     section = sr.scaling_section(runs, drop, at_budgets=budgets, points=points)
     if not section or not section["next_grid"]:  # a planning round too small, or runs that failed
         why = "; ".join(v["why"] for v in (section or {}).get("variants", {}).values() if v.get("why"))
-        sys.exit(f"bench.isoflop: the planning runs {plan_dirs[0].parent}/{plan_dirs[0].name.split('-d')[0]}-* give no fit "
+        sys.exit(f"bench.isoflop: the planning runs in {plan_dirs[0].parent} give no fit "
                  f"to centre the study's grids on ({why or 'no size and budget axes'}); allowed: --plan-sizes with 3 "
                  "sizes or more and --plan-budgets with 2 or more, or --grids")
     (grids,) = section["next_grid"].values()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmlab.model.attention import fused_sdpa
 from llmlab.train.device import keep_freed_memory
 
 
@@ -30,11 +31,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:  # the CPU's fp32 attention kernel is far faster
-            with torch.autocast("cpu", enabled=False):
-                y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).to(q.dtype)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = fused_sdpa(q, k, v, is_causal=True)  # SDPA; on a CPU in bf16, its far faster fp32 kernel, as llmlab
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.down(F.gelu(self.up(self.ln2(x))))
 

@@ -93,28 +93,31 @@ def nanogpt_setup(checkout: Path, text: Path, work: Path) -> Path:
     return work
 
 
-# nanoGPT's final weights scored as the plain loop's are (bench/plain.py's eval_plain): the mean loss
-# over every non-overlapping window of its val split, in batches of 64, so that the three validation
-# losses are one measure and not its 20-random-batch estimate. Run in nanoGPT's folder, with its model.py.
+# nanoGPT's final weights scored by the plain loop's own scorer (bench/plain.py's eval_plain: the mean
+# loss over every non-overlapping window of the val split), so that the three validation losses are one
+# measure and not its 20-random-batch estimate. Run in nanoGPT's folder, with its model.py; argv: the
+# context, this repository's root.
 NANOGPT_EVAL = """
 import json, sys
 import numpy as np, torch
+sys.path.insert(0, sys.argv[2])
+from bench.plain import eval_plain
 from model import GPT, GPTConfig
 ckpt = torch.load("out-shakespeare-char/ckpt.pt", map_location="cpu", weights_only=True)
-model = GPT(GPTConfig(**ckpt["model_args"]))
-model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-model.eval()
-block = int(sys.argv[1])
-val = np.fromfile("data/shakespeare_char/val.bin", dtype=np.uint16).astype(np.int64)
-n = (len(val) - 1) // block
-total, count = 0.0, 0
+gpt = GPT(GPTConfig(**ckpt["model_args"]))
+gpt.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+
+class Loss(torch.nn.Module):  # eval_plain's model(x, y) -> loss; nanoGPT's returns (logits, loss)
+    def __init__(self):
+        super().__init__()
+        self.gpt = gpt
+    def forward(self, x, y):
+        return self.gpt(x, y.contiguous())[1]
+
+val = np.fromfile("data/shakespeare_char/val.bin", dtype=np.uint16)
 with torch.no_grad():
-    for first in range(0, n, 64):
-        rows = torch.from_numpy(np.stack([val[s:s + block + 1] for s in range(first * block, min(n, first + 64) * block, block)]))
-        _, loss = model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())
-        total += float(loss) * rows.shape[0]
-        count += rows.shape[0]
-print(json.dumps({"val_loss": total / count, "iter_num": int(ckpt["iter_num"]), "windows": count}))
+    loss = eval_plain(Loss(), val, int(sys.argv[1]), 64)
+print(json.dumps({"val_loss": loss, "iter_num": int(ckpt["iter_num"]), "windows": (len(val) - 1) // int(sys.argv[1])}))
 """
 
 
@@ -142,7 +145,8 @@ def nanogpt_train(work: Path, steps: int) -> dict:
             evals.append((int(m[1]), float(m[3])))
     if not times:
         sys.exit(f"bench.shakespeare: nanoGPT printed no timed iterations in {steps} steps; give --steps 20 or more")
-    scored = subprocess.run([sys.executable, "-c", NANOGPT_EVAL, str(BLOCK)], cwd=work, capture_output=True, text=True)
+    scored = subprocess.run([sys.executable, "-c", NANOGPT_EVAL, str(BLOCK), str(Path(__file__).resolve().parents[1])],
+                            cwd=work, capture_output=True, text=True)
     if scored.returncode:
         sys.exit(f"bench.shakespeare: scoring nanoGPT's checkpoint failed:\n{scored.stderr[-1500:]}")
     whole = json.loads(scored.stdout.strip().splitlines()[-1])

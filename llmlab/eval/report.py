@@ -349,8 +349,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
     out.mkdir(parents=True, exist_ok=True)
-    scaling = sr.scaling_section(runs, drop, min_steps=min_steps,
-                                 form=surface)
+    scaling = sr.scaling_section(runs, drop, min_steps=min_steps, form=surface)
     scaled = None
     if scaling is not None:
         result["scaling"] = sr.public(scaling)
