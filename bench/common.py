@@ -111,10 +111,12 @@ def median_of(fn, repeats: int) -> tuple[float, list[float]]:
 
 
 def write_result(name: str, result: dict) -> Path:
+    from llmlab.files import atomic_write_text
+
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     result = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(), **result}
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return path
 

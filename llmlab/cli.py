@@ -712,7 +712,9 @@ def hydra_app(command: str, declared) -> Callable:
         def body() -> None:
             declared.run(job if job is not None else declared.job(composed), run_dir)
 
-        with console.keeping(log) if log is not None else contextlib.nullcontext():
+        from llmlab.files import open_append
+
+        with console.keeping(log, open_append) if log is not None else contextlib.nullcontext():
             guarded(body)()
 
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import IO, Callable
 
 from rich.console import Console
 
@@ -41,13 +42,18 @@ def keep(text: str) -> None:
 
 
 @contextlib.contextmanager
-def keeping(path: str | Path):
-    """While inside, everything printed through ``out`` and ``err`` is appended to ``path``
-    too. A log that cannot be opened (read-only directory) is skipped: printing goes on."""
+def keeping(path: str | Path, open_log: Callable[[Path], IO[str]]):
+    """While inside, everything printed through ``out`` and ``err`` is appended to ``path``,
+    opened by ``open_log`` (`llmlab.files.open_append`, which follows no link). A log that
+    cannot be opened (read-only directory) is skipped, said in one line: printing goes on."""
     global _log
+    from llmlab.errors import UserError
+
     try:
-        f = open(path, "a", encoding="utf-8")
-    except OSError:
+        f = open_log(Path(path))
+    except (OSError, UserError) as e:
+        err.print(f"{path}: cannot be kept ({e.strerror if isinstance(e, OSError) else e}); printing goes on",
+                  style="yellow")
         yield
         return
     previous, _log = _log, Console(file=f, width=LOG_WIDTH, no_color=True, highlight=False, soft_wrap=True,

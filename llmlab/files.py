@@ -8,6 +8,12 @@
   (a matmul peak, decoding layouts), read as a file a user may have edited by hand.
 - `disk_error`: an OSError (or a library's wrapped one) from a full disk, a file-size limit
   or a read-only directory, as one line that says which file and what to do.
+- `atomic_write_text`, `atomic_write_bytes`, `open_append`, `own_dir`, `release`: the one rule
+  for writing into a folder llmlab did not just create (a run, sweep, report, eval or export
+  folder, a cache entry), which may come from elsewhere with links planted in it. A link is
+  never written through: a whole file goes to a fresh temporary name and is renamed over the
+  name (replacing a link, not following it), an append opens without following links, and a
+  folder that is a link out of its parent is refused. Each link replaced is said in one line.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import errno
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -41,18 +48,148 @@ _MESSAGES = {"no space left": "the device is full", "file too large": "the file-
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """``path`` holds the old text or the new, never a part of either."""
+    """``path`` holds the old text or the new, never a part of either; a link at ``path`` is
+    replaced, never written through (`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a fresh temporary file beside ``path`` (created with O_EXCL, so a link
+    planted under a guessed temporary name is never followed), then rename it over ``path``:
+    a symbolic or hard link there is replaced by the new file, and its target keeps its bytes."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    was_link = _link_target(path)
+    fd, tmp = _exclusive_tmp(path)
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
+    if was_link is not None:
+        say_replaced(path, was_link)
+
+
+def _exclusive_tmp(path: Path) -> tuple[int, Path]:
+    """A new file beside ``path`` under a random name, made with O_EXCL|O_NOFOLLOW (nothing
+    planted there is opened) and the mode a plain open gives (0666 less the umask)."""
+    import secrets
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.name[:100]}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _link_target(path: Path) -> str | None:
+    """What ``path`` links to, when it is a symbolic link or a name of a file with others
+    (a hard link); None for a plain file, a directory or nothing."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return os.readlink(path)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        return f"a file with {st.st_nlink - 1} other name(s)"
+    return None
+
+
+def say_replaced(path: Path, target: str) -> None:
+    """The one line for a link llmlab replaced instead of writing through it."""
+    from llmlab import console
+
+    console.err.print(f"{path}: was a link ({target}); written as a file of its own, the link's target left as it "
+                      "was", style="yellow")
+
+
+def release(path: Path) -> None:
+    """Make ``path`` safe for a writer that opens it by name (Hydra's own files): a symbolic
+    link or a hard-linked name there is removed, and said in one line; a plain file or nothing
+    is left as it is. Anything else (a folder, a pipe) is left for the writer to refuse."""
+    path = Path(path)
+    target = _link_target(path)
+    if target is None:
+        return
+    path.unlink()
+    say_replaced(path, target)
+
+
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
+    | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_append(path: Path, buffering: int = -1, encoding: str = "utf-8", mode: str = "a"):
+    """``path`` opened to append text (``mode`` "a", or "a+" to read it too), without following
+    a link: a symbolic link or a hard-linked name there is removed first (said in one line) and
+    the file begins anew; a folder or a pipe in its place is one line (UserError)."""
+    path = Path(path)
+    flags = _APPEND if mode == "a" else (_APPEND & ~os.O_WRONLY) | os.O_RDWR
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EMLINK, errno.ENXIO):
+            raise  # a folder in its place (EISDIR) is `disk_error`'s line
+        if e.errno != errno.ELOOP:
+            raise UserError(f"{path}: not a regular file; move it aside so llmlab can write its own") from None
+        fd = None
+    if fd is not None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return os.fdopen(fd, mode, buffering=buffering, encoding=encoding)
+        os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path}: not a regular file; move it aside so llmlab can write its own")
+    target = _link_target(path)
+    path.unlink()
+    fd = os.open(path, flags | os.O_EXCL, 0o666)
+    say_replaced(path, target or "a link")
+    return os.fdopen(fd, mode, buffering=buffering, encoding=encoding)
+
+
+def open_fresh(path: Path):
+    """``path`` made anew for binary writing: whatever name stands there is removed first (a
+    link said in one line, never followed), and the new file is created exclusively."""
+    path = Path(path)
+    target = _link_target(path)
+    if target is not None or path.is_file():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                 0o666)
+    if target is not None:
+        say_replaced(path, target)
+    return os.fdopen(fd, "wb")
+
+
+def link_out(path: Path) -> str | None:
+    """Where ``path`` leads when it is a symbolic link out of its parent folder; None when it
+    is no link, or a link that stays inside its parent."""
+    path = Path(path)
+    if not path.is_symlink():
+        return None
+    target = os.path.realpath(path)
+    parent = os.path.realpath(path.parent)
+    if target != parent and os.path.commonpath([target, parent]) == parent:
+        return None
+    return target
+
+
+def own_dir(path: Path, key: str | None = None) -> Path:
+    """Make the folder ``path`` (and its parents) for llmlab to write into, refusing one that
+    is a symbolic link out of its parent (UserError naming ``key``, or the folder)."""
+    path = Path(path)
+    target = link_out(path)
+    if target is not None:
+        raise UserError(f"{key + ': ' if key else ''}{path} is a link out of its folder (to {target}); llmlab does "
+                        "not write through links: move it aside, or choose another folder")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def read_kept(path: Path, what: str, usable, allowed: str) -> tuple[dict, str | None]:
@@ -201,6 +338,7 @@ class HolderLock:
         """Take the lock if it is free; False if another process holds it."""
         from filelock import Timeout
 
+        release(self.path)  # a link planted as the lock file: filelock would open (or truncate) its target
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
@@ -210,6 +348,7 @@ class HolderLock:
 
     def acquire(self) -> "HolderLock":
         """Wait for the lock as long as it takes."""
+        release(self.path)
         self._lock.acquire()
         self._mark()
         return self

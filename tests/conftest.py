@@ -51,6 +51,7 @@ LONGEST_FIRST = (
     "model/test_transformer.py",  # 34
     "train/test_distributed.py",  # 28
     "eval/test_scaling.py",  # 28
+    "test_links.py",  # 23
     "train/test_faults.py",  # 20
     "fuzz/test_fuzz.py",  # 16
     "train/test_state.py",  # 13

@@ -14,13 +14,14 @@ ROOT = Path(llmlab.__file__).resolve().parent
 # lowest first; a package or top-level module named here, the rest of its dotted path free
 LAYERS = [
     {"llmlab", "errors", "paths"},
-    {"names", "files", "console", "perf", "registry"},
+    {"console"},  # below files: a file written in place of a link says so through it
+    {"names", "files", "perf", "registry"},
     {"data", "model"},
     {"sample", "export"},
     {"eval"},
     {"train"},
     {"commands"},
-    {"help", "overrides"},
+    {"help", "overrides", "hydra_files"},
     {"cli"},
     {"__main__"},
 ]

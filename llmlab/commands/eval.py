@@ -10,6 +10,7 @@ from llmlab.commands import Command
 from llmlab.data.corpus import CORPUS
 from llmlab.errors import ConfigError, UserError
 from llmlab.eval.analysis import ANALYSIS
+from llmlab.files import atomic_write_text
 from llmlab.registry import Checked, bounded, choice, section
 from llmlab.train.device import PRECISIONS
 
@@ -104,11 +105,11 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     row = [source, f"{res['tokens']:,}", f"{res['loss']:.4f}", f"{res['ppl']:.2f}", f"{res['accuracy']:.3f}"]
     table.add_row(*row, *([f"{bpb:.4f}"] if causal else []))
     console.out.print(table)
-    (run_dir / "per_position.json").write_text(json.dumps({"source": source, **per_position}))
+    atomic_write_text(run_dir / "per_position.json", json.dumps({"source": source, **per_position}))
     what = "loss" if causal else "masked-token loss"
     per_position_plot(per_position, run_dir / "per_position.png", f"{what} by position: {source}, {ckpt.path.name}")
     out = run_dir / "eval.json"
-    out.write_text(json.dumps(result, indent=2))
+    atomic_write_text(out, json.dumps(result, indent=2))
     console.out.print(f"results: {out}; loss by position: {run_dir / 'per_position.png'}")
     if job.analysis is not None:
         run_analysis(job, ckpt, model, tokens, device, run_dir)

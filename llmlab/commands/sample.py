@@ -13,6 +13,7 @@ from typing import Any
 
 from llmlab.commands import Command
 from llmlab.errors import ConfigError
+from llmlab.files import open_append
 from llmlab.registry import Checked, bounded, choice, parse_dataclass
 from llmlab.train.device import PRECISIONS
 
@@ -222,7 +223,7 @@ def run(job: SampleConfig, run_dir: Path) -> None:
     sys.stdout.flush()
     console.err.print(done.line, style="dim")
     settings = {k: v for k, v in dataclasses.asdict(job).items() if k != "ckpt"}
-    with open(run_dir / "samples.jsonl", "a") as f:
+    with open_append(run_dir / "samples.jsonl") as f:
         for i, text in done.completions:
             f.write(json.dumps({"ckpt": str(ckpt.path), "prompt": prompts[i], "completion": text,
                                 "settings": settings}) + "\n")

@@ -9,6 +9,7 @@ from typing import Any
 from llmlab.commands import Command
 from llmlab.data.corpus import CORPUS
 from llmlab.data.tokenizer import TOKENIZER
+from llmlab.files import atomic_write_text
 from llmlab.registry import section
 
 
@@ -34,7 +35,7 @@ def run(job: TokenizeConfig, run_dir: Path) -> None:
                if done["unrecorded"] else "")
         console.out.print(f"checksums: {done['checked']} shard{'s' if done['checked'] != 1 else ''} read back and "
                           f"matching meta.json ({done['bytes'] / 1e6:,.1f} MB in {time.perf_counter() - t:.2f}s){old}")
-    (run_dir / "tokenize.json").write_text(json.dumps({"path": str(prepared.path), **prepared.meta}, indent=2))
+    atomic_write_text(run_dir / "tokenize.json", json.dumps({"path": str(prepared.path), **prepared.meta}, indent=2))
     console.out.print(f"shards: {prepared.path}")
 
 

@@ -28,7 +28,7 @@ from llmlab.data.shards import SplitWriter, shard_name, token_dtype
 from llmlab.data.tokenizer import TextTokenizer
 from llmlab.data.train_tokenizer import train_tokenizer
 from llmlab.errors import UserError
-from llmlab.files import atomic_write_text
+from llmlab.files import atomic_write_text, open_append
 from llmlab.perf import is_count, is_seconds
 
 BATCH_CHARS = 1 << 20  # text per encoding batch
@@ -292,7 +292,7 @@ def lock_partial(partial: Path, key: str, quiet: bool):
     rename) and leaves its file behind, where the cache root must hold only entries."""
     import fcntl
 
-    f = open(partial / ".lock", "a+")
+    f = open_append(partial / ".lock", mode="a+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -27,7 +27,7 @@ from llmlab.data.corpus import CORPUS
 from llmlab.data.shards import TokenStore, read_shard, shard_name
 from llmlab.data.tokenizer import TOKENIZER, TextTokenizer
 from llmlab.errors import UserError
-from llmlab.files import clean_stale, disk_error
+from llmlab.files import atomic_write_text, clean_stale, disk_error, own_dir
 
 FORMAT_VERSION = 3  # 2: BPE pieces capped at MAX_PIECE_CHARS; 3: literal separators end documents
 DEFAULT_CACHE = ".cache/llmlab"
@@ -124,7 +124,7 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
             raise UserError(f"cannot create the cache directory {root} ({e.strerror.lower()}: {e.filename}); set "
                             "cache_dir (or LLMLAB_CACHE) to a directory that can be written") from e
         clean_stale(root)  # temporary directories of writers that died
-        partial.mkdir(exist_ok=True)
+        own_dir(partial)
         lock = lock_partial(partial, key, quiet)
         try:
             if (final / "meta.json").is_file():  # a twin process finished it while this one waited
@@ -155,7 +155,7 @@ def prepare(data: Any, tokenizer: Any, cache_dir: str | None = None, quiet: bool
             check_empty(meta)
             if (line := repair_line(meta, list(builder.repaired_names))) is not None and not quiet:
                 console.err.print(line, style="yellow", highlight=False)
-            (partial / "meta.json").write_text(json.dumps(meta, indent=2))
+            atomic_write_text(partial / "meta.json", json.dumps(meta, indent=2))
             (partial / "progress.json").unlink()
             os.rename(partial, final)  # atomic: the entry appears complete or not at all
             (final / ".lock").unlink()

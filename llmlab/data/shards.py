@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from llmlab.files import open_fresh, own_dir
+
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
@@ -24,7 +26,7 @@ class ShardWriter:
 
     def __init__(self, path: Path, dtype: np.dtype):
         self.path, self.dtype = Path(path), np.dtype(dtype)
-        self.file = open(self.path, "wb")
+        self.file = open_fresh(self.path)
         self.count = 0
         self.crc = 0  # CRC-32 of the bytes written so far (`shard_crc` reads a file back the same way)
 
@@ -49,7 +51,7 @@ class SplitWriter:
 
     def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int, done: list[dict[str, Any]] | None = None):
         self.directory, self.dtype, self.shard_tokens = Path(directory), np.dtype(dtype), shard_tokens
-        self.directory.mkdir(parents=True, exist_ok=True)
+        own_dir(self.directory)
         self.shards = list(done or [])
         keep = {s["file"] for s in self.shards}
         for p in self.directory.iterdir():  # a half-written shard, or one after the last recorded

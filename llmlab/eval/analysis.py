@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmlab.errors import UserError
+from llmlab.files import atomic_write_text
 from llmlab.registry import Registry, bounded
 
 if TYPE_CHECKING:
@@ -56,5 +57,5 @@ class AttentionAnalysis:
         result = {"kind": "attention", "seq_len": block, "splits": summaries,
                   "example": {"split": example_split, "tokens": ids},
                   "figures": [p.name for p in figures]}
-        (out_dir / "attention.json").write_text(json.dumps(result, indent=2))
+        atomic_write_text(out_dir / "attention.json", json.dumps(result, indent=2))
         return result

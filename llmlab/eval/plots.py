@@ -17,9 +17,15 @@ logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font-cache noti
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    import io
+
+    from llmlab.files import atomic_write_bytes
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    buf = io.BytesIO()  # written whole under a fresh name and renamed: a link at ``path`` is replaced
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from llmlab.errors import UserError
 from llmlab.eval.runs import Group, Run, find_runs, group_runs, read_overrides, some_of
 from llmlab.eval.stats import mean_ci, paired_t_test, sign_test
+from llmlab.files import atomic_write_text, own_dir
 
 MIN_SEEDS_FOR_TESTS = 3
 
@@ -348,7 +349,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
         result["lr_choices"] = choices
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
-    out.mkdir(parents=True, exist_ok=True)
+    own_dir(out, "out")
     scaling = sr.scaling_section(runs, drop, min_steps=min_steps, form=surface)
     scaled = None
     if scaling is not None:
@@ -360,8 +361,8 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
         curves_plot(per_group, out / "report.png", "training tokens", "validation loss",
                     "validation loss: mean over seeds, band = min..max")
         figure = "report.png"
-    (out / "report.md").write_text(markdown(result, figure, scaled))
-    (out / "report.json").write_text(json.dumps(result, indent=2))
+    atomic_write_text(out / "report.md", markdown(result, figure, scaled))
+    atomic_write_text(out / "report.json", json.dumps(result, indent=2))
 
     matched = "n/a" if result["matched_tokens"] is None else f"{result['matched_tokens']:,.0f}"
     # a terminal folds the tables to fit; a log file gets them whole (rich would assume 80 columns)

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from llmlab.errors import UserError
-from llmlab.files import owned_tmp_dir, replace_dir
+from llmlab.files import link_out, owned_tmp_dir, replace_dir
 from llmlab.model.ffn import FFN
 
 
@@ -214,6 +214,10 @@ def check_out(out: Path, ckpt: Path, overwrite: bool) -> None:
     """``out`` may be new, empty, or (with overwrite) an earlier export. Replacing it deletes
     what it holds, so a directory with anything an export does not write (the checkpoint
     itself, a run, a user's notes) is refused whatever overwrite says."""
+    target = link_out(out)
+    if target is not None:  # the export would replace the link, and an overwrite would read the folder it leads to
+        raise UserError(f"out: {out} is a link out of its folder (to {target}); llmlab does not write through links: "
+                        "choose another out=")
     if not out.is_dir() or not any(out.iterdir()):
         return  # new or empty (a file in the way is the writer's one line)
     if not overwrite:

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from llmlab.errors import UserError
 from llmlab.perf import is_number
-from llmlab.files import checkpoint_arg, clean_stale, disk_error, owned_tmp_dir, replace_dir
+from llmlab.files import checkpoint_arg, clean_stale, disk_error, own_dir, owned_tmp_dir, replace_dir
 from llmlab.train.recovery import MANIFEST, completeness, fsync_dir
 
 TOKEN_COUNTS = "token_counts.safetensors"
@@ -74,7 +74,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
     complete copy exists under a name `recover_checkpoints` knows. The caller is the run
     directory's one writer (`llmlab.files.RunLock`)."""
     ckpt_root = Path(ckpt_root)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    own_dir(ckpt_root)
     clean_stale(ckpt_root)  # left by a writer that died
     name = f"step_{step:06d}"
     final = ckpt_root / name

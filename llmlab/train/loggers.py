@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llmlab import console
-from llmlab.files import atomic_write_text
+from llmlab.files import atomic_write_bytes, atomic_write_text, open_append, own_dir
 from llmlab.registry import Registry, choice
 
 LOGGER = Registry("logger", group="logger")
@@ -79,6 +79,7 @@ class WandbLogger(Logger):
         if mode == "auto":  # wandb's own variable first, as wandb itself reads it; then the API key
             mode = ({"dryrun": "offline", "run": "online", "shared": "online"}.get(env_mode, env_mode) if env_mode
                     else "online" if os.environ.get("WANDB_API_KEY") else "offline")
+        own_dir(Path(run_dir) / "wandb", "logger")  # wandb writes its folder there: never through a link out
         kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, name=self.cfg.name or Path(run_dir).name,
                       group=self.cfg.group, tags=list(self.cfg.tags) or None, config=config, dir=str(run_dir))
         try:
@@ -151,7 +152,7 @@ class JsonlWriter:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.file = open(self.path, "a", buffering=1)
+        self.file = open_append(self.path, buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
@@ -188,7 +189,7 @@ class JsonlWriter:
             records.append(record)
         if bad:  # kept whole beside it, never dropped without a word
             aside = path.with_name(f"{path.name}.damaged")
-            aside.write_bytes(data)
+            atomic_write_bytes(aside, data)
             shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
             console.err.print(f"{path}: {len(bad)} line(s) that are not JSON records (line {shown}) are left out; "
                               f"the file as it was is kept as {aside}", style="yellow")

@@ -24,7 +24,7 @@ from llmlab import console
 from llmlab.data.batches import RandomWindows, check_ids, check_length
 from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError
-from llmlab.files import RunLock, atomic_write_text, disk_error
+from llmlab.files import RunLock, atomic_write_text, disk_error, own_dir
 from llmlab.model import ring
 from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import decode_setting, decode_speed
@@ -141,7 +141,7 @@ class Trainer:
         self.run_dir = Path(broadcast(str(run_dir), self.dist))
         if self.dist.is_main:
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                own_dir(self.run_dir, "hydra.run.dir")
             except OSError as e:
                 raise disk_error(e, f"the run directory {self.run_dir}") or e
             self.lock = RunLock(self.run_dir).acquire()
@@ -282,7 +282,7 @@ class Trainer:
         self.samples = JsonlWriter(self.run_dir / "samples.jsonl") if main else None  # the prompt completions
         self.logger = SafeLogger(LOGGER.build(self.job.logger if main else NoLogger.Config()))
         if main:
-            (self.run_dir / "config.yaml").write_text(_yaml(self.job.config))
+            atomic_write_text(self.run_dir / "config.yaml", _yaml(self.job.config))
             self.logger.start(self.run_dir, {**self.job.config, "model_card": self.card, "run_id": self.run_id,
                                              "world_size": self.dist.world_size})
 

@@ -17,10 +17,13 @@ families:
   ``tokenize`` or ``train``.
 - ``overrides``: a random setting of a command set to a random value (numbers out of range,
   NaN, huge integers, lists, a comma without ``-m``, shell and Python payloads).
+- ``links``: one file or folder that a command writes (in a resumed run, an eval, sample,
+  tokenize or report folder, an export target) replaced by a symbolic or hard link to a
+  victim outside the case, as a planted link in a shared output folder would be.
 
 The oracle counts as defects: a traceback, a refusal longer than one line, the canary file a
 payload would create, any change outside the case's folder, an older checkpoint changed or
-lost, a signal, a hang, and a silent fallback (a command on a run directory that used an
+lost, a victim written through a link, a signal, a hang, and a silent fallback (a command on a run directory that used an
 older checkpoint without naming the newest one).
 """
 
@@ -40,8 +43,9 @@ from typing import Callable
 
 CANARY = "FUZZ_CANARY"
 HANG_S = 120
-FAMILIES = ("checkpoint", "checkpoint+manifest", "run", "cache", "overrides")
-DEFECTS = ("traceback", "multi-line", "canary", "outside", "older-ckpt", "signal", "hang", "silent-fallback")
+FAMILIES = ("checkpoint", "checkpoint+manifest", "run", "cache", "overrides", "links")
+DEFECTS = ("traceback", "multi-line", "canary", "outside", "victim", "older-ckpt", "signal", "hang", "silent-fallback")
+VICTIM = b"outside the case: a planted link leads here\n"
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
         "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
@@ -91,6 +95,7 @@ class Case:
     what: str  # the mutation, in words
     command: list[str] = field(default_factory=list)
     on_run_dir: bool = False  # the command names the run directory: it may fall back, aloud
+    victims: list[Path] = field(default_factory=list)  # files and folders outside the case a link leads to
 
 
 @dataclass
@@ -348,6 +353,9 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
                          else mutate_bytes(rng, target))
         case.command = (["tokenize", *data, "tokenizer=byte"] if rng.random() < 0.5
                         else ["train", *data, *TINY, "train.steps=2", "hydra.run.dir=other"])
+    elif family == "links":
+        case.command, case.what, case.victims = plant_link(rng, case_dir, run, resume)
+        case.on_run_dir = case.command is resume
     else:
         command = rng.choice(list(OVERRIDE_KEYS))
         *kind, key = rng.choice(OVERRIDE_KEYS[command]).split()  # "optim=muon optim.momentum": the kind, then its key
@@ -364,6 +372,67 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
         args = [a for a in base_args if a.split("=")[0] != key]
         case.command = [command, *args, *kind, setting]
     return case
+
+
+# what each command writes into a folder it may find already there, by the folder it writes into
+LINK_TARGETS = {
+    "train": ("run", [".hydra/overrides.yaml", ".hydra/config.yaml", ".hydra/hydra.yaml", "config.yaml", "train.log",
+                      "metrics.jsonl", "summary.json", "samples.jsonl", ".lock", ".lock.pid", ".hydra/", "checkpoints/",
+                      "./"]),
+    "eval": ("ev", ["eval.json", "per_position.json", "per_position.png", "eval.log", "./"]),
+    "sample": ("sm", ["samples.jsonl", "sample.log", "./"]),
+    "tokenize": ("tk", ["tokenize.json", "tokenize.log", "./"]),
+    "report": ("rep", ["report.md", "report.json", "report.png", "./"]),
+    "export": ("hf", ["./"]),
+}
+
+
+def plant_link(rng: random.Random, case_dir: Path, run: Path, resume: list[str]) -> tuple[list[str], str, list[Path]]:
+    """One name a command writes, made a link to a victim outside ``case_dir``: a file (a
+    symbolic or a hard link) or an empty folder (a symbolic link). Returns the command, the
+    mutation in words and the victims."""
+    command = rng.choice(list(LINK_TARGETS))
+    folder, names = LINK_TARGETS[command]
+    name = rng.choice(names)
+    where = case_dir / folder / name if name != "./" else case_dir / folder
+    victims = case_dir.parent / f"victims-{case_dir.name}"
+    victims.mkdir()
+    if command == "train":  # a killed run resumed by the same command
+        (run / "summary.json").unlink()
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if where.is_dir() and not where.is_symlink():
+        shutil.rmtree(where)
+    else:
+        where.unlink(missing_ok=True)
+    if name.endswith("/"):
+        victim = victims / "folder"
+        victim.mkdir()
+        where.symlink_to(victim, target_is_directory=True)
+        how = "a symbolic link to a folder outside"
+    else:
+        victim = victims / "file"
+        victim.write_bytes(VICTIM)
+        hard = rng.random() < 0.25
+        (os.link if hard else os.symlink)(victim, where)
+        how = f"a {'hard' if hard else 'symbolic'} link to a file outside"
+    args = {"train": resume,
+            "eval": ["eval", f"ckpt={run}", "max_batches=2", f"hydra.run.dir={case_dir / 'ev'}"],
+            "sample": ["sample", f"ckpt={run}", "max_new_tokens=4", "prompt=x", f"hydra.run.dir={case_dir / 'sm'}"],
+            "tokenize": ["tokenize", *data_args(case_dir.parent), "tokenizer=byte", f"hydra.run.dir={case_dir / 'tk'}"],
+            "report": ["report", str(run), f"out={case_dir / 'rep'}"],
+            "export": ["export", f"ckpt={run}", f"out={case_dir / 'hf'}"]}[command]
+    return args, f"{folder}/{name.rstrip('/') if name != './' else ''}: {how}".replace("/:", ":"), [victim]
+
+
+def victims_intact(victims: list[Path]) -> bool:
+    """Every victim as planted: a file with its bytes, a folder still empty."""
+    for v in victims:
+        if v.is_dir() and not v.is_symlink():
+            if any(v.iterdir()):
+                return False
+        elif not v.is_file() or v.read_bytes() != VICTIM:
+            return False
+    return True
 
 
 # -- the oracle ---------------------------------------------------------------------------------
@@ -395,6 +464,8 @@ def judge(case: Case, case_dir: Path, base: Path, base_digest: dict, run_cli: Ca
         return Verdict(case, r.returncode, "canary", "a payload ran")
     if shared_digest(base.parent) != base_digest:
         return Verdict(case, r.returncode, "outside", "a file outside the case's folder changed")
+    if not victims_intact(case.victims):
+        return Verdict(case, r.returncode, "victim", f"written through the link ({case.what})")
     if r.returncode is not None and r.returncode < 0:
         return Verdict(case, r.returncode, "signal")
     if "Traceback" in text:
@@ -433,6 +504,7 @@ def run_cases(seed: int, indices, work: Path, run_cli: Callable, base: Path | No
         if progress:
             progress(verdicts[-1])
         shutil.rmtree(case_dir, ignore_errors=True)
+        shutil.rmtree(work / f"victims-{case_dir.name}", ignore_errors=True)
     return verdicts
 
 
