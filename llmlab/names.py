@@ -71,7 +71,7 @@ RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps"
 
 # Settings added after runs existed: at these values a run trains what it trained before they
 # existed, so they stay out of its id (a run keeps its id, and resumes, across the upgrade).
-RUN_ID_ADDED = {"sched": {"warmup_share": None}, "model": {"parametrization": "standard"},
+RUN_ID_ADDED = {"sched": {"warmup_share": None, "branches": [], "branch_flops": []}, "model": {"parametrization": "standard"},
                 "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6}}
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
 # train.steps's default before the default recipe changed, and now: a budget run (max_flops,

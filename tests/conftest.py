@@ -53,6 +53,7 @@ LONGEST_FIRST = (
     "eval/test_scaling.py",  # 28
     "test_links.py",  # 23
     "train/test_faults.py",  # 20
+    "train/test_branches.py",  # 17
     "fuzz/test_fuzz.py",  # 16
     "train/test_state.py",  # 13
     "train/test_loop.py",  # 12

@@ -24,11 +24,11 @@ from llmlab import console
 from llmlab.data.batches import RandomWindows, check_ids, check_length
 from llmlab.data.prepare import cache_root, prepare
 from llmlab.errors import ConfigError
-from llmlab.files import RunLock, atomic_write_text, disk_error, own_dir
+from llmlab.files import RunLock, atomic_write_text, disk_error, open_append, own_dir
 from llmlab.model import ring
 from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import decode_setting, decode_speed
-from llmlab.train import resume
+from llmlab.train import branches, resume
 from llmlab.train.card import (DECODE_SETTING, finished_summary, model_card, print_done, print_model_card,
                                summarize)
 from llmlab.train.checkpoint import best_checkpoint, load_weights, unique_names
@@ -49,32 +49,57 @@ from llmlab.train.state import Progress, RankRandom
 from llmlab.train.stopping import StopPolicy, check_finite, how_to_continue
 
 
-def run_training(job: TrainJob | Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False) -> dict[str, Any]:
+def run_training(job: TrainJob | Mapping[str, Any], run_dir: str | Path, in_sweep: bool = False,
+                 branch_of: Path | None = None) -> dict[str, Any]:
     """Train as ``job`` says (a `TrainJob`, or the composed ``train`` config as a plain dict,
-    resolved here); write metrics, checkpoints and ``summary.json`` into ``run_dir``; return
-    the summary. Under torchrun every rank calls this; rank 0's ``run_dir`` is the one used.
-    ``in_sweep``: the run is one job of a sweep, which changes only what a stopped run says to
-    do next."""
+    resolved here); write metrics, checkpoints and ``summary.json`` into ``run_dir``; then,
+    once the run has finished, its cooldown branches (`llmlab.train.branches`); return the
+    run's summary. Under torchrun every rank calls this; rank 0's ``run_dir`` is the one used.
+    ``in_sweep``: the run is one job of a sweep, and ``branch_of``: the run is a branch of that
+    run; each changes only what a stopped run says to do next."""
     if not isinstance(job, TrainJob):
         job = check_train_config(job)
-    trainer = Trainer(job, run_dir, in_sweep)
+    trainer = Trainer(job, run_dir, in_sweep, branch_of)
     try:
         summary = trainer.run()
     except BaseException:
         trainer.close(clean=False)
         raise
     trainer.close(clean=True)
+    if trainer.branches and not summary.get("interrupted"):
+        run_branches(trainer.branches, trainer.run_dir, in_sweep)
     return summary
+
+
+def run_branches(planned: list[branches.Branch], run_dir: Path, in_sweep: bool) -> None:
+    """Each branch from its fork to its end, one after another; a finished one says so and is
+    skipped, an interrupted one resumes, and a stop by a signal ends the series (the same
+    command continues it)."""
+    for branch in planned:
+        if finished_summary(branch.path, branch.job.run_id) is not None:
+            console.out.print(f"branch {branch.label}: finished already in {branch.path}")
+            continue
+        if not branches.started(branch) and not (branch.path / "checkpoints").is_dir():
+            console.out.print(f"branch {branch.label}: {branch.path} holds no fork of this run (removed?), so it "
+                              "cannot be trained; start the run again in a new hydra.run.dir to have it", style="yellow")
+            continue
+        console.out.print(f"branch {branch.label}: the cooldown from step {branch.fork} in {branch.path}")
+        with console.keeping(branch.path / "train.log", open_append):  # what it prints, kept in its own folder
+            summary = run_training(branch.job, branch.path, in_sweep, branch_of=run_dir)
+        if summary.get("interrupted"):
+            break
 
 
 class Trainer:
     """One training run: built in ``__init__`` (data, model, optimizer, resume state), then
     ``run`` steps it to the end or to a budget and writes the summary."""
 
-    def __init__(self, job: TrainJob, run_dir: str | Path, in_sweep: bool = False):
+    def __init__(self, job: TrainJob, run_dir: str | Path, in_sweep: bool = False, branch_of: Path | None = None):
         self._quiet_before = console.out.quiet  # restored by close(), however far the build got
         # what close() releases, set as the build gets to it
         self.metrics = self.samples = self.logger = self.lock = self.dist = None
+        self.branch_of = branch_of
+        self.branches: list[branches.Branch] = []
         try:
             self._build(job, run_dir, in_sweep)
         except BaseException:
@@ -96,6 +121,9 @@ class Trainer:
             keep_freed_memory()  # the step's activations live in host memory: reuse it, do not fault it in again
         self.finished = finished_summary(self.run_dir, self.run_id) if loop.resume == "auto" else None
         if self.finished is not None:
+            if job.sched.branches or job.sched.branch_flops:  # they may be left to train: their plan
+                self._build_data()
+                self._plan_length(Transformer(self.spec))
             return
         torch.manual_seed(job.seed)
         self._build_data()
@@ -174,8 +202,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         self.model = model = Transformer(self.spec).to(self.device)
-        self.card = model_card(model, self.seq_len, self.precision)
-        self.steps = self.loop.planned_steps(self.tokens_per_step, self.card["flops_per_token"])
+        self._plan_length(model)
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)
         self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id, self.dist.is_main)
@@ -185,6 +212,17 @@ class Trainer:
                          "this run's model settings (model.*, attention.*, ffn.*, norm.*, pos.*, objective.*)")
         self.wrapped = wrap_model(model, self.dist, self.device, find_unused=model.blocks[0].ffn.sparse)
         self.step_model = torch.compile(self.wrapped) if self.loop.compile else self.wrapped
+
+    def _plan_length(self, model: Transformer) -> None:
+        """The model card, the run's steps and its cooldown branches."""
+        from llmlab.eval.runs import read_overrides
+
+        self.card = model_card(model, self.seq_len, self.precision)
+        self.steps = self.loop.planned_steps(self.tokens_per_step, self.card["flops_per_token"])
+        sched = self.job.sched
+        if sched.branches or sched.branch_flops:  # each branch's command line is this run's, at its own length
+            self.branches = branches.plan(self.job, self.run_dir, self.steps, self.tokens_per_step,
+                                          self.card["flops_per_token"], read_overrides(self.run_dir))
 
     def _build_optimizer(self) -> None:
         job, loop, dist, device = self.job, self.loop, self.dist, self.device
@@ -228,7 +266,10 @@ class Trainer:
         self.model.train()
         with progress, stop:
             task = progress.add_task("train", total=steps, status="", loss="", completed=done)
+            forks = self._forks()
             for step in range(self.start_step, steps):
+                if step in forks:
+                    window.pause(self._fork, forks[step])
                 lr = self._set_lr(step)
                 self.model.at_step(step)
                 step_loss = self._step(window)
@@ -248,10 +289,29 @@ class Trainer:
                     ckpt = window.pause(resume.save, self.resumable, self.record, self.dist)
                 progress.update(task, completed=done)
                 if stopping:
-                    progress.console.print(how_to_continue(stopping, done, ckpt, self.run_dir, self.in_sweep),
-                                           style="yellow")
+                    progress.console.print(how_to_continue(stopping, done, ckpt, self.run_dir, self.in_sweep,
+                                                           self.branch_of), style="yellow")
                     break
         return self._finish(done, history, time.perf_counter() - stop.t_start, ckpt, stopping)
+
+    def _forks(self) -> dict[int, list[branches.Branch]]:
+        """The branches still to fork, by the step they leave this run at."""
+        out: dict[int, list[branches.Branch]] = {}
+        for branch in self.branches:
+            if branch.fork >= self.start_step and not branches.started(branch):
+                out.setdefault(branch.fork, []).append(branch)
+        return out
+
+    def _fork(self, planned: list[branches.Branch]) -> None:
+        """Save this run's whole state into each branch's folder, as the branch's own checkpoint
+        (its settings and run id), with the records it shares with this run."""
+        for branch in planned:
+            if self.dist.is_main:
+                branches.write_records(branch, self.run_dir)
+            record = replace(self.record, run_dir=branch.path, run_id=branch.job.run_id, config=branch.job.config)
+            resume.save(self.resumable, record, self.dist)
+            console.out.print(f"branch {branch.label}: forked at step {branch.fork} into {branch.path}; it finishes "
+                              "after this run")
 
     def _nothing_to_do(self) -> bool:
         if self.finished is not None:
@@ -426,6 +486,7 @@ class Trainer:
             "parallel": ("fsdp" if self.dist.fsdp else "ddp") if self.dist.enabled else None,
             "context_parallel": self.dist.context,
             "checkpoint": str(ckpt_path) if ckpt_path else None, "data": str(self.prepared.path), **card,
+            **({"branches": [str(b.path) for b in self.branches]} if self.branches else {}),
         }
         if self.dist.is_main:
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))

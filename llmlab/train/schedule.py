@@ -11,9 +11,11 @@ schedule the same shape, so the sweep compares sizes and budgets, not warm-up le
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from llmlab.errors import ConfigError
+from llmlab.names import parse_flops
 from llmlab.registry import Checked, Registry, bounded, choice
 
 SCHEDULE = Registry("sched", group="sched")
@@ -40,11 +42,33 @@ class Schedule:
         kind: str = ""
         warmup: int | None = bounded(None, at_least=0)  # steps of linear warm-up from 0; null: 50, or 5% of a train.max_flops run
         warmup_share: float | None = bounded(None, at_least=0, below=1)  # the warm-up as a share of the run's steps (instead of warmup)
+        branches: list[int] = field(default_factory=list)  # wsd: steps where a cooldown branch ends, each a finished run under <run dir>/branches/<step>/
+        branch_flops: list[Any] = field(default_factory=list)  # wsd: the same, each branch's length a training-FLOPs budget (1e11)
+        # whether the schedule holds a constant rate that cooldown branches can leave (`branch_plan`)
+        forks: ClassVar[bool] = False
 
         def check(self, prefix: str) -> None:
             if self.warmup is not None and self.warmup_share is not None:
                 raise ConfigError(f"{prefix}.warmup_share: set either {prefix}.warmup (steps) or {prefix}.warmup_share "
                                   f"(a share of the run), not both: warmup={self.warmup}, warmup_share={self.warmup_share}")
+            for key, values in (("branches", self.branches), ("branch_flops", self.branch_flops)):
+                if values and not self.forks:
+                    raise ConfigError(f"{prefix}.{key}: a cooldown branch leaves a constant learning rate, which "
+                                      f"{prefix}={self.kind} does not hold; use {prefix}=wsd")
+            for value in self.branches:
+                if value < 1:
+                    raise ConfigError(f"{prefix}.branches: each branch ends at a step >= 1, got {value}")
+            for key, values in (("branches", self.branches), ("branch_flops", self.branch_flops)):
+                seen: dict[float, Any] = {}
+                for value in values:
+                    number = value if key == "branches" else parse_flops(value, f"{prefix}.{key}")
+                    if number in seen:
+                        raise ConfigError(f"{prefix}.{key}: {value} is given twice; each branch is one run")
+                    seen[number] = value
+
+        def branch_budgets(self, prefix: str = "sched") -> list[float]:
+            """``branch_flops`` as numbers (each may be written ``1e11`` or ``2e10*5``)."""
+            return [parse_flops(v, f"{prefix}.branch_flops") for v in self.branch_flops]
 
     def __init__(self, cfg, total_steps: int, budget_run: bool = False):
         self.cfg = cfg
@@ -118,12 +142,19 @@ class WarmupStableDecay(Schedule):
         kind: str = "wsd"
         decay_fraction: float = bounded(0.2, above=0, at_most=1)
         cooldown: str = choice("linear", ("linear", "cosine"))  # the shape of the final decay
+        forks: ClassVar[bool] = True
+
+    @property
+    def decay_start(self) -> int:
+        """The first step whose rate is below the peak: a run of this length and a longer one
+        with the same warm-up agree on every step before it (where a cooldown branch forks)."""
+        return self.total - max(1, round(self.cfg.decay_fraction * self.total))
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:
             return (step + 1) / self.warmup
-        decay_steps = max(1, round(self.cfg.decay_fraction * self.total))
-        decay_start = self.total - decay_steps
+        decay_start = self.decay_start
+        decay_steps = self.total - decay_start
         if step < decay_start:
             return 1.0
         progress = min(1.0, (step - decay_start + 1) / decay_steps)

@@ -198,6 +198,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
             raise ConfigError(f"train.batch_tokens: {loop.batch_tokens} is not a multiple of train.batch_size * "
                               f"model.max_seq_len = {micro}")
         grad_accum = loop.batch_tokens // micro
+    check_branch_ends(loop, sched)
     from llmlab.model.transformer import check_sizes
 
     check_sizes(spec)
@@ -206,6 +207,30 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
                     data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
                     distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg)
+
+
+def check_branch_ends(loop: LoopConfig, sched) -> None:
+    """Where a cooldown branch's end can be placed before any work: a branch in steps against
+    a run whose length is ``train.steps`` (its end, its warm-up), a branch in FLOPs against
+    ``train.max_flops``. The rest waits for the model's FLOPs per token
+    (`llmlab.train.branches.plan`)."""
+    from llmlab.train.schedule import warmup_steps
+
+    budget = loop.flops_budget()
+    if budget is None and loop.max_tokens is None and sched.branches:
+        for end in sched.branches:
+            if end >= loop.steps:
+                raise ConfigError(f"sched.branches: {end} is not before the run's end (train.steps={loop.steps}); a "
+                                  "branch ends before the run it leaves")
+        warmup = warmup_steps(sched, loop.steps)
+        if min(sched.branches) <= warmup:
+            raise ConfigError(f"sched.branches: {min(sched.branches)} ends within the warm-up of {warmup} steps; a "
+                              "branch leaves the constant rate after it")
+    if budget is not None:
+        for number in sched.branch_budgets():
+            if number >= budget:
+                raise ConfigError(f"sched.branch_flops: {number:.3g} is not below the run's budget train.max_flops="
+                                  f"{budget:.3g}; a branch ends before the run it leaves")
 
 
 def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillConfig) -> None:

@@ -58,10 +58,13 @@ class StopPolicy:
         return False
 
 
-def how_to_continue(reason: str, done: int, ckpt_path, run_dir, in_sweep: bool) -> str:
+def how_to_continue(reason: str, done: int, ckpt_path, run_dir, in_sweep: bool, branch_of=None) -> str:
+    """``branch_of``: the run a cooldown branch leaves; its own command continues the branch."""
     same = "the same " + ("sweep command" if in_sweep else "command") + (
         " without train.max_steps" if reason.startswith("train.max_steps") else "")
-    where = "; finished jobs are skipped" if in_sweep else f" with hydra.run.dir={run_dir} (or train.resume={ckpt_path})"
+    where = ("; finished jobs are skipped" if in_sweep else
+             f" with hydra.run.dir={branch_of}: its finished part is skipped and this branch resumes" if branch_of
+             else f" with hydra.run.dir={run_dir} (or train.resume={ckpt_path})")
     return f"stopped by {reason} after step {done}; checkpoint {ckpt_path}. To continue, run {same}{where}"
 
 
