@@ -15,6 +15,17 @@ at each smaller budget whose sizes bracket it, fitted by a power law in C with n
     python -m bench.holdout_forms                       # the committed studies, a few minutes
     python -m bench.holdout_forms isoflop isoflop-gpu   # some of them
 
+The frontier's interval is calibrated (`llmlab.eval.calibration`): its seed interval widened by
+the law's leave-one-budget-out error on the fitted budgets; ``frontier_seed`` keeps the seed
+interval alone, for comparison. The pooled ``summary`` says, per route, what a study can stand
+behind: ``coverage`` (the share of held-out observations inside their 95% interval),
+``halfwidth`` (the median relative half-width of those intervals), ``sign_p`` (a two-sided sign
+test of the errors: a small value is a fit biased to one side), ``order_cases`` (pairs of
+variants, within a study, whose predicted order at the held-out budget is decided: the gap's
+interval excludes 0) and ``order_agrees`` (of those, the observed order is the predicted one),
+``nstar_cases`` and ``nstar_agrees`` (the predicted compute-optimal size within one grid step of
+the size observed best), and ``default``: the route the report uses unless told otherwise.
+
 Results: bench/results/holdout_forms.json (per study and variant, each form's prediction,
 its 95% interval, the observed best loss, the error, and the fits' values on a bound).
 """
@@ -22,6 +33,7 @@ its 95% interval, the observed best loss, the error, and the fits' values on a b
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import re
@@ -32,6 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS, machine
+from llmlab.eval import calibration as cal
+from llmlab.files import atomic_write_text
 
 STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-lr-5e11", "isoflop-lr", "isoflop-lr-1e12",
            "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep")
@@ -39,8 +53,9 @@ SIZE = re.compile(r"(?:^| )model\.d_model=(\d+)(?: |$)")
 BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
 
 
-def cells(report: dict) -> dict[str, list]:
-    """The study's design cells per variant, from its report.json."""
+def cells(report: dict, size: str = "params") -> dict[str, list]:
+    """The study's design cells per variant, from its report.json; N as ``size`` measures it
+    (``flops``: the group's FLOPs per token / 6, `llmlab report scaling.size=flops`)."""
     from llmlab.eval import scaling as sc
     from llmlab.names import parse_flops
 
@@ -64,9 +79,46 @@ def cells(report: dict) -> dict[str, list]:
                 if not (math.isfinite(fpt) and fpt > 0) or not losses or not all(map(math.isfinite, losses)):
                     raise ValueError(f"group {g['group']!r}: flops_per_token {g['flops_per_token']!r} and "
                                      f"val_loss_values {g['val_loss_values']!r}: want a positive number and finite losses")
-                built.append(sc.Cell(float(n), b["budget"] / fpt, b["budget"], fpt, b["budget"], losses))
+                n = float(n) if size == "params" else fpt / 6
+                built.append(sc.Cell(n, b["budget"] / fpt, b["budget"], fpt, b["budget"], losses))
         out[label] = built
     return out
+
+
+DEFAULT_ROUTE = "frontier"  # the route the report's hold-out and decisions lead with
+
+
+def pooled(rows: list[dict], form: str) -> dict:
+    """A route's figures over every study and variant (see the module's docstring)."""
+    from scipy.stats import binomtest
+
+    have = [r for r in rows if r.get(form) and "why" not in r[form] and r[form].get("interval")]
+    errors = [r[form]["error"] for r in have]
+    above = sum(e > 0 for e in errors)
+    half = [(r[form]["interval"][1] - r[form]["interval"][0]) / 2 / r[form]["predicted"] for r in have]
+    orders = []
+    for study in dict.fromkeys(r["study"] for r in have):
+        mine = [r for r in have if r["study"] == study]
+        for a, b in itertools.combinations(mine, 2):
+            seed = {"seed_interval": None}
+            o = cal.order({**seed, **a[form], "seed_interval": a[form].get("seed_interval") or a[form]["interval"]},
+                          {**seed, **b[form], "seed_interval": b[form].get("seed_interval") or b[form]["interval"]})
+            if o is not None:
+                orders.append(o)
+    steps = [r[form]["size_steps"] for r in have if r[form].get("size_steps") is not None]
+    return {"cases": len(have), "without": len(rows) - len(have),
+            "within_interval": sum(r[form]["within_interval"] for r in have),
+            "coverage": sum(r[form]["within_interval"] for r in have) / len(have) if have else None,
+            "halfwidth": float(np.median(half)) if half else None,
+            "sign_p": float(binomtest(above, len(errors)).pvalue) if errors else None, "above": above,
+            "mean_error": float(np.mean(errors)) if errors else None,
+            "mean_abs_error": float(np.mean(np.abs(errors))) if errors else None,
+            "within_1pct": sum(abs(e) <= 0.01 for e in errors),
+            "on_a_bound": sum(bool(r[form].get("at_bounds")) for r in have),
+            "order_pairs": len(orders), "order_cases": sum(o["decided"] for o in orders),
+            "order_agrees": sum(o["decided"] and o["agrees"] for o in orders),
+            "order_agrees_undecided": sum(not o["decided"] and o["agrees"] for o in orders),
+            "nstar_cases": len(steps), "nstar_agrees": sum(s <= 1 for s in steps)}
 
 
 def main() -> None:
@@ -82,26 +134,35 @@ def main() -> None:
     for study in args.studies:
         path = RESULTS / study / "report.json"
         try:
-            built_all = cells(json.loads(path.read_text()))
+            report = json.loads(path.read_text())
+            built_all, by_flops = cells(report), cells(report, "flops")
         except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as e:  # a missing or hand-edited file
             sys.exit(f"bench.holdout_forms: {path}: not a report with a scaling section ({type(e).__name__}: {e})")
         for label, built in built_all.items():
             budgets = sorted({c.budget for c in built})
             row = {"study": study, "variant": label, "budget": budgets[-1], "runs": sum(len(c.losses) for c in built)}
-            for form in sc.FORMS:
-                h = sr.holdout(label, built, budgets, sc.BOOTSTRAPS, form)
-                row[form] = {k: h[k] for k in ("predicted", "interval", "observed", "error", "within_interval")}
-                row[form]["at_bounds"] = h["surface"]["at_bounds"]
-                row[form]["surface"] = {k: h["surface"][k] for k in ("e", "a", "alpha", "b", "beta", "rmse")}
-                print(f"{study:18s} {label[-22:]:>22s} {form:10s} predicted {h['predicted']:.4f} "
+            for form, size in [(f, "params") for f in sc.FORMS] + [(f, "flops") for f in sc.FORMS]:
+                route = form if size == "params" else f"{form}_flops"  # N = FLOPs per token / 6
+                h = sr.holdout(label, built if size == "params" else by_flops[label], budgets, sc.BOOTSTRAPS, form)
+                row[route] = {k: h[k] for k in ("predicted", "interval", "observed", "error", "within_interval",
+                                               "predicted_size", "observed_size", "size_steps")}
+                row[route]["at_bounds"] = h["surface"]["at_bounds"]
+                row[route]["surface"] = {k: h["surface"][k] for k in ("e", "a", "alpha", "b", "beta", "rmse")}
+                print(f"{study:18s} {label[-22:]:>22s} {route:17s} predicted {h['predicted']:.4f} "
                       f"[{h['interval'][0]:.4f}, {h['interval'][1]:.4f}] observed {h['observed']:.4f} "
                       f"{h['error']:+.2%}{'' if h['within_interval'] else ' outside'}"
-                      + (f"; on a bound: {', '.join(row[form]['at_bounds'])}" if row[form]["at_bounds"] else ""),
+                      + (f"; on a bound: {', '.join(row[route]['at_bounds'])}" if row[route]["at_bounds"] else ""),
                       flush=True)
             f = sr.frontier_holdout(built, budgets, sc.BOOTSTRAPS)  # the second route: no surface, no floor
             row["frontier"] = f if f is None or "why" in f else {
-                **{k: f[k] for k in ("predicted", "interval", "observed", "error", "within_interval", "gamma")},
-                "at_bounds": []}
+                **{k: f[k] for k in ("predicted", "interval", "seed_interval", "misspecification", "observed", "error",
+                                     "within_interval", "gamma")},
+                "lobo": {f"{b:.6g}": e for b, e in f["lobo"].items()}, "at_bounds": []}
+            if f is not None and "why" not in f:
+                lo, hi = f["seed_interval"]
+                row["frontier_seed"] = {**row["frontier"], "interval": f["seed_interval"],
+                                        "within_interval": lo <= f["observed"] <= hi}
+
             print(f"{study:18s} {label[-22:]:>22s} frontier   "
                   + (f"n/a ({f['why'] if f else 'fewer than 3 budgets'})" if f is None or "why" in f else
                      f"predicted {f['predicted']:.4f} [{f['interval'][0]:.4f}, {f['interval'][1]:.4f}] observed "
@@ -112,24 +173,26 @@ def main() -> None:
                   + (" (nested: " + ", ".join(f"{f} {e:+.2%}" for f, e in chosen["errors"].items()) + ")"
                      if "errors" in chosen else f" ({chosen['why']})"), flush=True)
             rows.append(row)
-    summary = {}
-    for form in (*sc.FORMS, "auto", "frontier"):
-        have = [r for r in rows if r.get(form) and "why" not in r[form]]
-        summary[form] = {"mean_abs_error": float(np.mean([abs(r[form]["error"]) for r in have])) if have else None,
-                         "mean_error": float(np.mean([r[form]["error"] for r in have])) if have else None,
-                         "within_interval": sum(r[form]["within_interval"] for r in have),
-                         "within_1pct": sum(abs(r[form]["error"]) <= 0.01 for r in have),
-                         "on_a_bound": sum(bool(r[form]["at_bounds"]) for r in have), "cases": len(have),
-                         "without": len(rows) - len(have)}
+    for row in rows:  # the frontier says nothing of sizes: its route's compute-optimal size is the chosen surface's
+        for route in ("frontier", "frontier_seed"):
+            if row.get(route) and "why" not in row[route]:
+                row[route].update({k: row["auto"][k] for k in ("predicted_size", "observed_size", "size_steps")})
+    summary = {form: pooled(rows, form) for form in (*sc.FORMS, *(f"{f}_flops" for f in sc.FORMS), "auto", "frontier",
+                                                       "frontier_seed")}
+    summary["default"] = DEFAULT_ROUTE
     for form, s in summary.items():
+        if form == "default":
+            continue
         if not s["cases"]:
             print(f"{form}: no case")
             continue
-        print(f"{form}: mean |error| {s['mean_abs_error']:.2%} (mean {s['mean_error']:+.2%}); within the interval "
-              f"{s['within_interval']} of {s['cases']}, within 1% {s['within_1pct']}, a value on a bound {s['on_a_bound']}"
-              + (f"; {s['without']} without one" if s["without"] else ""))
+        print(f"{form}: coverage {s['coverage']:.2f} ({s['within_interval']} of {s['cases']}), median half-width "
+              f"{s['halfwidth']:.2%}, sign test p {s['sign_p']:.3f} (mean error {s['mean_error']:+.2%}); orders decided "
+              f"{s['order_cases']}, right {s['order_agrees']}; N* within a grid step {s['nstar_agrees']} of "
+              f"{s['nstar_cases']}" + (f"; {s['without']} without one" if s["without"] else ""))
+    print(f"default route: {DEFAULT_ROUTE}")
     out = RESULTS / "holdout_forms.json"
-    out.write_text(json.dumps({"benchmark": "holdout_forms", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    atomic_write_text(out, json.dumps({"benchmark": "holdout_forms", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "machine": machine(), "command": "python -m bench.holdout_forms " + " ".join(args.studies),
                                "wall_s": round(time.perf_counter() - start, 1), "summary": summary, "rows": rows},
                               indent=1) + "\n")

@@ -13,6 +13,14 @@ SELECT = ("all", "best_lr")
 # llmlab.eval.scaling.FORMS, named here without importing numpy, and auto: per variant, the form
 # that predicts the second largest budget best from the smaller ones (a nested hold-out)
 SURFACES = ("chinchilla", "kaplan", "auto")
+SIZES = ("params", "flops")  # llmlab.eval.scaling_report.SIZE_MEASURES
+
+
+@dataclass
+class ScalingConfig:
+    """The ``scaling`` section: how the scaling fit measures a run."""
+
+    size: str = choice("params", SIZES)  # N in the fit: params (non-embedding parameters) or flops (training FLOPs per token / 6: attention and head counted)
 
 @dataclass
 class ReportConfig(Checked):
@@ -23,6 +31,7 @@ class ReportConfig(Checked):
     out: str | None = None  # where report.md/.json/.png go; null: this command's run dir
     select: str = choice("all", SELECT)  # best_lr: keep each cell's best optim.lr by final val loss (a sweep with an optim.lr axis)
     min_steps: int = bounded(0, at_least=0)  # the scaling fit leaves out runs of fewer steps (there a larger model is held back by its few steps)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
     surface: str = choice("chinchilla", SURFACES)  # the scaling fit's form: chinchilla (E + A/N^a + B/D^b), kaplan (size and tokens interact), or auto (per variant, the one a nested hold-out picks)
 
     def check(self, prefix: str) -> None:
@@ -35,7 +44,7 @@ def run(job: ReportConfig, run_dir: Path) -> None:
 
     out = Path(os.path.expanduser(job.out)) if job.out else run_dir
     write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps,
-                 surface=job.surface)
+                 surface=job.surface, size=job.scaling.size)
 
 
 COMMAND = Command("report", ReportConfig, run)

@@ -31,15 +31,21 @@ class Run:
         return setting_apart([compact_override(o) for o in self.overrides])
 
 
+# settings that add runs beside a run without changing what it trains: its cooldown branches
+# (`llmlab.train.branches`), each a run of its own with its own length
+BESIDE = ("sched.branches", "sched.branch_flops")
+
+
 def setting_apart(overrides: list[str]) -> list[str]:
-    """Overrides that can set a group apart: all but ``seed`` and the keys that only change
+    """Overrides that can set a group apart: all but ``seed``, the keys that only change
     how a run is watched or where it runs (logger, log intervals, prompts, sample lengths,
-    device...), which the run id leaves out too."""
+    device...), which the run id leaves out too, and the branches a run leaves (`BESIDE`): a
+    run with branches trains what it trains without them."""
     from llmlab.names import RUN_ID_IGNORES, RUN_ID_IGNORES_TRAIN
 
     def watch_only(key: str) -> bool:
         parts = key.lstrip("+~").split("/")[0].split(".")
-        return (parts[0] == "seed" or parts[0] in RUN_ID_IGNORES
+        return (parts[0] == "seed" or parts[0] in RUN_ID_IGNORES or key.lstrip("+~") in BESIDE
                 or (parts[0] == "train" and len(parts) > 1 and parts[1] in RUN_ID_IGNORES_TRAIN))
     return [o for o in overrides if not watch_only(o.split("=", 1)[0])]
 

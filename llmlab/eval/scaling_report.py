@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from llmlab.errors import ConfigError, UserError
+from llmlab.eval import calibration as cal
 from llmlab.eval import scaling as sc
 from llmlab.eval.runs import Run, some_of
 from llmlab.names import compact_override, parse_flops
@@ -117,24 +118,38 @@ def variants(runs: list[Run], drop: set[str]) -> dict[str, list[Run]]:
     return out
 
 
-def _placed(summary: dict) -> bool:
+# what N measures (``llmlab report scaling.size=...``): the non-embedding parameters, or the
+# training FLOPs per token over 6 (Pearce & Song 2024; DeepSeek LLM 2024's M), which counts the
+# attention and the head a parameter count leaves out
+SIZE_MEASURES = ("params", "flops")
+
+
+def size_of(summary: dict, size: str = "params") -> float | None:
+    """A run's size N as ``size`` measures it (`SIZE_MEASURES`); None where it does not say."""
+    value = summary.get("params_non_embedding") if size == "params" else (
+        summary["flops_per_token"] / 6 if summary.get("flops_per_token") else None)
+    return float(value) if value else None
+
+
+def _placed(summary: dict, size: str = "params") -> bool:
     """Whether a run says where it sits on the surface: its size N and its tokens D."""
-    return bool(summary.get("params_non_embedding") and summary.get("tokens"))
+    return bool(size_of(summary, size) and summary.get("tokens"))
 
 
-def cells_of(runs: list[Run]) -> list[sc.Cell]:
-    """The runs as design cells: one per (size, budget, tokens), holding each seed's loss."""
+def cells_of(runs: list[Run], size: str = "params") -> list[sc.Cell]:
+    """The runs as design cells: one per (size, budget, tokens), holding each seed's loss; N as
+    ``size`` measures it."""
     by: dict[tuple, list[Run]] = {}
     for r in runs:
         s = r.summary
-        if s.get("val_loss") is None or not _placed(s):
+        if s.get("val_loss") is None or not _placed(s, size):
             continue
         text = _value(r, BUDGET_KEY)
         try:  # read as train reads it (1e15*6 too)
             budget = parse_flops(text, BUDGET_KEY) if text is not None else float(s["flops_per_token"]) * s["tokens"]
         except ConfigError as e:
             raise UserError(f"runs: {r.path}: {e}") from None
-        by.setdefault((s["params_non_embedding"], budget, s["tokens"]), []).append(r)
+        by.setdefault((size_of(s, size), budget, s["tokens"]), []).append(r)
     out = []
     for (n, budget, d), rs in by.items():
         fpt = float(rs[0].summary["flops_per_token"])
@@ -234,18 +249,23 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
     ci = sc.interval(draws)
     inside = ci is not None and ci[0] <= observed <= ci[1]
     predicted = float(np.min(at_held))
+    # the compute-optimal size: the surface's, which every run informs (a law through each
+    # budget's best of three sizes would follow their noise)
+    predicted_size, grid = float(n[int(np.argmin(at_held))]), sorted(float(x) for x in n)
     return {"variant": label, "budget": top, "fitted_on": budgets[:-1], "predicted": predicted, "interval": ci,
             "observed": observed, "error": observed / predicted - 1, "within_interval": inside,
-            "observed_size": best.n, "predicted_size": float(n[int(np.argmin(at_held))]),
-            "surface": sc.surface_dict(fit)}
+            "observed_size": best.n, "predicted_size": predicted_size,
+            "size_steps": cal.size_steps(predicted_size, best.n, grid), "surface": sc.surface_dict(fit)}
 
 
 def frontier_holdout(cells: list[sc.Cell], budgets: list[float], reps: int) -> dict | None:
     """The frontier's own check, beside the surface's: the lowest loss at each budget but the
     largest, fitted by a power law in C (`scaling.Frontier`, no floor), predicts the largest
-    budget's best loss. Its 95% prediction interval comes from the runs redrawn with their seed
-    noise (each budget's best cell chosen anew) plus the noise of the observed mean. None with
-    fewer than 3 budgets."""
+    budget's best loss. Its 95% prediction interval: the runs redrawn with their seed noise
+    (each budget's best cell chosen anew) plus the noise of the observed mean
+    (``seed_interval``), widened by the law's own leave-one-budget-out error (``interval``,
+    `calibration.calibrated`). None with fewer than 3 budgets. (The frontier says nothing of
+    sizes: the compute-optimal size at the held-out budget is the surface's, `holdout`.)"""
     if len(budgets) < 3 or (split := _below_and_at(cells, budgets[-1])) is None:
         return None
     train, held = split
@@ -268,10 +288,29 @@ def frontier_holdout(cells: list[sc.Cell], budgets: list[float], reps: int) -> d
             except ValueError:  # in this draw fewer budgets bracket their optimum
                 continue
             draws.append(float(again.loss(top)) + sd / math.sqrt(len(chosen.losses)) * float(rng.standard_t(dof)))
-    ci = sc.interval(draws)
-    return {"predicted": predicted, "interval": ci, "observed": observed, "error": observed / predicted - 1,
+    seed_ci = sc.interval(draws)
+    fitted = sorted(best)
+    lobo = cal.lobo_errors(fitted, [float(np.mean(train[best[b]].losses)) for b in fitted],
+                           lambda b, losses: sc.fit_frontier(b, losses).loss)
+    misspec = cal.misspecification(lobo)
+    ci = cal.calibrated(predicted, seed_ci, misspec)
+    return {"predicted": predicted, "interval": ci, "seed_interval": seed_ci, "misspecification": misspec,
+            "lobo": lobo, "observed": observed, "error": observed / predicted - 1,
             "within_interval": ci is not None and ci[0] <= observed <= ci[1], "gamma": fit.gamma, "c_c": fit.c_c,
-            "fitted_on": sorted(best)}
+            "fitted_on": fitted}
+
+
+def decisions(held: list[dict]) -> list[dict]:
+    """For each pair of variants with a frontier hold-out: their predicted order at the held-out
+    budget, whether the gap's 95% interval excludes 0, and whether the observed order agrees
+    (`calibration.order`)."""
+    front = [(h["variant"], h["frontier"]) for h in held if h.get("frontier") and "why" not in h["frontier"]]
+    out = []
+    for (na, a), (nb, b) in itertools.combinations(front, 2):
+        o = cal.order(a, b)
+        if o is not None:
+            out.append({"first": na, "second": nb, **o})
+    return out
 
 
 def _frontier_sd(train: list[sc.Cell], fit: sc.Frontier, best: dict[float, int]) -> tuple[float | None, int]:
@@ -385,7 +424,7 @@ def _size_value(run: Run, key: str) -> float | None:
         return None
 
 
-def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -> list[dict]:
+def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3, size: str = "params") -> list[dict]:
     """Sizes that centre each budget's grid on the fitted optimum N*: the size setting that
     gives N* (a power law N = k * value^p fitted to the runs), times the grid's own spacing to
     either side, rounded to the runs' common step; and the `llmlab train -m` line that runs it."""
@@ -397,8 +436,7 @@ def next_grid(runs: list[Run], v: dict, size_keys: list[str], points: int = 3) -
     if len(size_keys) != 1:
         return [{"why": f"a next grid needs one size axis; these runs sweep {', '.join(size_keys)}"}]
     key = size_keys[0]
-    pairs = [(x, float(r.summary["params_non_embedding"])) for r in runs
-             if (x := _size_value(r, key)) and r.summary.get("params_non_embedding")]
+    pairs = [(x, n) for r in runs if (x := _size_value(r, key)) and (n := size_of(r.summary, size))]
     values = sorted({x for x, _ in pairs})
     if len(values) < 2:
         return []
@@ -441,13 +479,13 @@ def _steps(run: Run) -> int | None:
 
 def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | None = None,
                     at_budgets: list[float] | None = None, points: int = 3, min_steps: int = 0,
-                    form: str = "chinchilla") -> dict | None:
+                    form: str = "chinchilla", size: str = "params") -> dict | None:
     """The section's data, or None when the runs have no budget axis and size axis. The
     optimum and the next grid (``points`` sizes a budget) are worked out at the measured
     budgets, or at ``at_budgets``; ``reps`` bootstrap replicates (`scaling.BOOTSTRAPS`). Runs
     of fewer than ``min_steps`` steps are left out of the fit (a run that does not say its
     steps is kept). ``form``: the surface's (`scaling.FORMS`), or ``auto`` (`choose_form`, per
-    variant)."""
+    variant). ``size``: what N measures (`SIZE_MEASURES`)."""
     reps = reps or sc.BOOTSTRAPS
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
@@ -456,9 +494,9 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     unknown = sum(1 for r in runs if _steps(r) is None) if min_steps else 0  # kept, and said
     short = sum(1 for r in fitted if (n := _steps(r)) is not None and n < SHORT_RUN)
     # a run with a loss but no size or tokens (an older or hand-edited summary.json) cannot be placed
-    unplaced = [str(r.path) for r in fitted if r.summary.get("val_loss") is not None and not _placed(r.summary)]
+    unplaced = [str(r.path) for r in fitted if r.summary.get("val_loss") is not None and not _placed(r.summary, size)]
     by_variant = variants(fitted, drop)
-    all_cells = {label: cells_of(rs) for label, rs in by_variant.items()}
+    all_cells = {label: cells_of(rs, size) for label, rs in by_variant.items()}
     budgets = sorted({c.budget for cells in all_cells.values() for c in cells})
     chosen = {label: choose_form(cells, budgets) if form == "auto" else {"form": form}
               for label, cells in all_cells.items()}
@@ -467,13 +505,14 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
     held = [{**h, "frontier": frontier_holdout(cells, budgets, reps)} for label, cells in all_cells.items()
             if (h := holdout(label, cells, budgets, reps, chosen[label]["form"])) is not None]
-    grids = {label: next_grid(by_variant[label], v, sizes, points) for label, v in found.items()}
+    grids = {label: next_grid(by_variant[label], v, sizes, points, size) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured, "form": form,
+            "size": size,
             "chosen": {label: c for label, c in chosen.items() if form == "auto"},
             "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
             "steps_unknown": unknown, "unplaced": unplaced,
             "search": (measured[0] / BELOW, measured[1] * ABOVE), "variants": found,
-            "crossings": crossings(found, measured) if budgets else [], "holdout": held,
+            "crossings": crossings(found, measured) if budgets else [], "holdout": held, "decisions": decisions(held),
             "frontier": frontier_section(all_cells, measured, reps) if budgets else {"variants": {}, "crossings": []},
             "next_grid": {label: g for label, g in grids.items() if g}}
 
@@ -509,11 +548,60 @@ def formula_line(s: dict) -> str:
     return f"L = {s['e']:.3f} + {s['a']:.3g}/N^{s['alpha']:.3f} + {s['b']:.3g}/D^{s['beta']:.3f}"
 
 
+def variant_names(labels: list[str]) -> dict[str, str]:
+    """Each variant's name by what sets it apart: the option a config group chose for it
+    (``mla`` for ``model/attention=mla attention.kv_rank=d_model/2 ...``; the kind's own settings
+    come with it), a plain group named with its key (``norm=post``), and any setting that is no
+    kind's own; the whole label wherever two names would be the same."""
+    def name(label: str) -> str:
+        words = label.split()
+        groups = {w.split("=", 1)[0]: w.split("=", 1)[1] for w in words if "=" in w and "." not in w.split("=", 1)[0]}
+        owned = {g.rsplit("/", 1)[-1] for g in groups}  # attention.* settings belong to model/attention's choice
+        kept = []
+        for w in words:
+            key, _, value = w.partition("=")
+            if key in groups:
+                kept.append(value if "/" in key else w)
+            elif key.split(".", 1)[0] not in owned:
+                kept.append(w)
+        return " ".join(kept) or label
+    names = {label: name(label) for label in labels}
+    if len(set(names.values())) < len(names):
+        return {label: label for label in labels}
+    return names
+
+
+def rename(lines: list[str], names: dict[str, str]) -> list[str]:
+    """``lines`` with each variant's label replaced by its name, outside code blocks (the
+    commands there keep every override)."""
+    out, code = [], False
+    order = sorted(names, key=len, reverse=True)  # a label inside a longer one is replaced after it
+    for line in lines:
+        if line.startswith("```"):
+            code = not code
+        if not code:
+            for label in order:
+                if label != names[label]:
+                    line = line.replace(label, names[label])
+        out.append(line)
+    return out
+
+
 def markdown(section: dict, figure: str | None) -> list[str]:
-    out = ["", "## Scaling: which variant wins at which budget", "",
-           f"Budget axis `{section['budget_key']}`, size axis {', '.join(f'`{k}`' for k in section['size_keys'])}. "
+    names = variant_names(list(section["variants"]))
+    named = [f"`{n}`: `{label}`" for label, n in names.items() if n != label]
+    head = ["", "## Scaling: which variant wins at which budget", "",
+            *([f"Variants by what sets them apart: {'; '.join(named)} (report.json keeps every override).", ""]
+              if named else [])]
+    return head + rename(_markdown(section, figure), names)
+
+
+def _markdown(section: dict, figure: str | None) -> list[str]:
+    out = [f"Budget axis `{section['budget_key']}`, size axis {', '.join(f'`{k}`' for k in section['size_keys'])}. "
            f"Surface {FORMULA[section.get('form', 'chinchilla')]} fitted per variant by variable projection, with **N the "
-           "non-embedding parameters and D the training tokens**; C is training FLOPs by the model card "
+           + ("non-embedding parameters" if section.get("size", "params") == "params" else
+              "training FLOPs per token / 6 (`scaling.size=flops`: attention and the head counted)")
+           + " and D the training tokens**; C is training FLOPs by the model card "
            "(FLOPs/token × tokens, the count `train.max_flops` uses). Brackets: 95% bootstrap intervals.", ""]
     out += chosen_markdown(section.get("chosen") or {})
     if section.get("left_out"):
@@ -640,8 +728,10 @@ def holdout_markdown(held: list[dict]) -> list[str]:
            "loss (the lowest over its sizes). Interval: 95% prediction interval (the bootstrap's fits plus the seed "
            "noise of the observed mean).", "",
            "The frontier's columns are the second route: the best loss at each smaller budget, fitted by a power "
-           "law in C with no floor (above), extrapolated to the largest. Where the two disagree, the observed loss "
-           "says which assumption held: the surface's floor E, or none within reach.", "",
+           "law in C with no floor (above), extrapolated to the largest. Its interval also carries the law's own "
+           "error: the RMS of its leave-one-budget-out errors on the smaller budgets, added in quadrature (with two "
+           "fitted budgets there is none to measure, and the interval is the seeds' alone). Where the two routes "
+           "disagree, the observed loss says which assumption held: the surface's floor E, or none within reach.", "",
            "| variant | held-out budget | fitted on | surface: predicted (95% PI) | error | frontier: predicted (95% PI) "
            "| error | observed |", "|" + " --- |" * 8]
     for h in held:
@@ -650,6 +740,7 @@ def holdout_markdown(held: list[dict]) -> list[str]:
                  else f"{f['predicted']:.4f}{_ci(f['interval'], 4)} | {f['error']:+.2%}")
         out.append(f"| {h['variant']} | {h['budget']:.3g} | {', '.join(f'{b:.3g}' for b in h['fitted_on'])} | "
                    f"{h['predicted']:.4f}{_ci(h['interval'], 4)} | {h['error']:+.2%} | {front} | {h['observed']:.4f} |")
+    out += decisions_markdown(held)
     for h in held:
         if not h["within_interval"]:
             out += ["", f"**⚠ hold-out miss: {h['variant']}: the best loss at {h['budget']:.3g} FLOPs was {h['observed']:.4f}, "
@@ -670,11 +761,35 @@ def holdout_markdown(held: list[dict]) -> list[str]:
     return out
 
 
+def decisions_markdown(held: list[dict], pairs: list[dict] | None = None) -> list[str]:
+    """What a user decides from the hold-out, said as such: which variant is lower at the
+    held-out budget (decided where the gap's 95% interval excludes 0) against the observed
+    order, and each variant's predicted compute-optimal size against the size observed best."""
+    pairs = decisions(held) if pairs is None else pairs
+    lines = []
+    for d in pairs:
+        lower, higher = (d["first"], d["second"]) if d["gap"] < 0 else (d["second"], d["first"])
+        lo, hi = d["interval"]
+        verdict = ("decided" if d["decided"] else "not decided: the interval holds 0")
+        seen = "agrees" if d["agrees"] else "**the observed order is the other**"
+        lines.append(f"- Order at the held-out budget: {lower} predicted lower than {higher} by "
+                     f"{abs(d['gap']):.2%} (95% interval of ln L_{d['first']}/L_{d['second']}: [{lo:+.2%}, {hi:+.2%}]; "
+                     f"{verdict}); observed gap {d['observed_gap']:+.2%}: {seen}.")
+    for h in held:
+        if h.get("size_steps") is not None:
+            lines.append(f"- {h['variant']}: compute-optimal size predicted {_g(h['predicted_size'])} (the surface's "
+                         f"optimum among the sizes run there), observed best {_g(h['observed_size'])}: "
+                         f"{h['size_steps']} grid step{'s' if h['size_steps'] != 1 else ''} apart.")
+    return ["", "Decisions at the held-out budget (the order by the frontier, the size by the surface):", "",
+            *lines] if lines else []
+
+
 def figure(section: dict, path: Path) -> Path | None:
     from llmlab.eval.plots import scaling_plot
 
     lo, hi = section["measured"][0] / 3, section["measured"][1] * 3
     budgets = np.logspace(np.log10(lo), np.log10(hi), 80)
+    names = variant_names(list(section["variants"]))
     series = {}
     for label, v in section["variants"].items():
         cells = v.get("_cells") or []
@@ -689,7 +804,7 @@ def figure(section: dict, path: Path) -> Path | None:
         if "gamma" in front:
             entry["x"] = budgets
             entry["frontier"] = sc.Frontier(front["log_g"], front["gamma"]).loss(budgets)
-        series[label] = entry
+        series[names[label]] = entry
     if not any(e["points"][0] for e in series.values()):
         return None
     return scaling_plot(series, path)
@@ -705,7 +820,12 @@ def _frontier_words(f: dict | None) -> str:
 
 
 def scaling_lines(section: dict) -> list[str]:
-    """The scaling section in a few lines for the terminal (report.md has the tables)."""
+    """The scaling section in a few lines for the terminal (report.md has the tables), each
+    variant by its name (`variant_names`)."""
+    return rename(_scaling_lines(section), variant_names(list(section["variants"])))
+
+
+def _scaling_lines(section: dict) -> list[str]:
     out = []
     if section.get("unplaced"):
         out.append(f"scaling: left out of the fit: {len(section['unplaced'])} run(s) whose summary.json does not say "

@@ -16,6 +16,7 @@ from llmlab.eval import scaling as sc
 from llmlab.eval import scaling_report as sr
 from llmlab.eval.report import write_report
 from llmlab.errors import UserError
+from tests.conftest import check_cli
 
 # alpha != beta on purpose: the case where the IsoFLOP parabola is biased even when centred
 TRUE = sc.Surface(e=1.8, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0)
@@ -126,7 +127,7 @@ def test_surface_auto_fits_each_variant_in_the_form_its_nested_hold_out_chose(tm
     assert saved["chosen"] == json.loads(json.dumps(section["chosen"]))
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Form per variant (`surface=auto`)" in text
-    assert "| model/attention=mha | 1e+14, 2e+14 | 5e+14 | " in text and "| **kaplan** |" in text
+    assert "| mha | 1e+14, 2e+14 | 5e+14 | " in text and "| **kaplan** |" in text
 
 
 def test_kaplans_closed_form_optimum_is_the_minimum_along_the_budget():
@@ -285,7 +286,11 @@ def test_report_writes_the_scaling_tables_and_figure(full_report):
     assert cross["extrapolated"] == (not BUDGETS[0] <= cross["budget"] <= BUDGETS[-1])
     md = (out / "report.md").read_text()
     assert "## Scaling" in md and "non-embedding parameters" in md and "![loss vs compute](scaling.png)" in md
-    assert md.count("| model/attention=mha | 1e+14") == 1 and "IsoFLOP" in md
+    assert md.count("| mha | 1e+14") == 1 and "IsoFLOP" in md
+    # each variant named by what sets it apart in the tables, its whole override list kept in the
+    # commands of the next grid and in report.json
+    assert "Variants by what sets them apart: `mha`: `model/attention=mha`; `mla`: `model/attention=mla`" in md
+    assert "| model/attention=mha |" not in md and "llmlab train -m model/attention=mla" in md
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "report.json").read_text())
     assert saved["scaling"]["variants"]["model/attention=mla"]["surface"]["e"] == pytest.approx(OTHER.e, abs=0.1)
@@ -390,6 +395,23 @@ def test_budgets_are_read_as_train_reads_them(tmp_path):
         cells_of([bad])
 
 
+def test_size_measured_as_flops_per_token_counts_what_parameters_leave_out(tmp_path, few_replicates):
+    """``scaling.size=flops``: N is the training FLOPs per token over 6 (attention and head
+    counted), in the cells, the fit's section and its words; a value outside the two is one line."""
+    from llmlab.eval.runs import Run
+    from llmlab.eval.scaling_report import cells_of
+
+    summary = {"val_loss": 4.0, "params_non_embedding": 1000, "tokens": 5000, "flops_per_token": 7200}
+    (cell,) = cells_of([Run(tmp_path / "r", summary, ["train.max_flops=3e10"], 0, [])], "flops")
+    assert cell.n == 1200 and cell.fpt == 7200 and cell.d == 5000
+    fake_sweep(tmp_path / "sweep")
+    result = write_report([tmp_path / "sweep"], None, tmp_path / "out", size="flops")
+    assert result["scaling"]["size"] == "flops"
+    assert "training FLOPs per token / 6" in (tmp_path / "out" / "report.md").read_text()
+    r = check_cli("report", str(tmp_path / "sweep"), "scaling.size=tokens", cwd=tmp_path)
+    assert r.returncode == 2 and "scaling.size" in r.stderr and "params, flops" in r.stderr, r.stderr
+
+
 def test_the_fit_without_the_largest_budget_predicts_its_best_loss(full_report):
     result, out = full_report
     held = result["scaling"]["holdout"]
@@ -416,7 +438,7 @@ def test_a_planted_miss_at_the_held_out_budget_is_flagged_in_one_bold_line(tmp_p
     result = write_report([tmp_path / "sweep"], None, tmp_path / "out")
     assert [h["within_interval"] for h in result["scaling"]["holdout"]] == [False, False]
     lines = [ln for ln in (tmp_path / "out" / "report.md").read_text().splitlines() if "hold-out miss" in ln]
-    assert len(lines) == 2 and all(ln.startswith("**⚠ hold-out miss: model/attention=m") and ln.endswith("**")
+    assert len(lines) == 2 and all(ln.startswith("**⚠ hold-out miss: m") and ln.endswith("**")
                                    for ln in lines)
 
 
@@ -667,3 +689,21 @@ def test_the_optimum_and_next_grid_at_a_budget_not_run(tmp_path, few_replicates)
     assert b["n_opt"] == pytest.approx(true_optimum(TRUE, 3e15), rel=0.15)
     ((grid,),) = section["next_grid"].values()
     assert grid["budget"] == 3e15 and len(grid["sizes"]) == 3
+
+
+def test_the_hold_out_says_what_to_decide_at_the_budget_it_never_saw(full_report):
+    """The order of the variants at the held-out budget with the gap's interval (decided where
+    it excludes 0) against the observed order, and each variant's compute-optimal size in grid
+    steps from the size observed best: in report.json and as lines of report.md."""
+    result, out = full_report
+    (d,) = result["scaling"]["decisions"]
+    assert (d["first"], d["second"]) == ("model/attention=mha", "model/attention=mla")
+    lo, hi = d["interval"]
+    assert lo < d["gap"] < hi and d["decided"] == (lo > 0 or hi < 0)
+    assert d["agrees"] == ((d["gap"] < 0) == (d["observed_gap"] < 0))
+    # the design's grid is centred on each optimum: the surface's size is the observed best's
+    assert [h["size_steps"] for h in result["scaling"]["holdout"]] == [0, 0]
+    text = (out / "report.md").read_text()
+    assert text.count("- Order at the held-out budget:") == 1 and text.count("grid steps apart") == 2
+    saved = json.loads((out / "report.json").read_text())["scaling"]
+    assert saved["decisions"][0]["gap"] == pytest.approx(d["gap"])

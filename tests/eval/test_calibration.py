@@ -1,0 +1,64 @@
+"""Calibrated intervals and decisions at a held-out budget (`llmlab.eval.calibration`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from llmlab.eval import calibration as cal
+from llmlab.eval import scaling as sc
+
+
+def frontier_fit(budgets, losses):
+    return sc.fit_frontier(budgets, losses).loss
+
+
+def test_a_law_that_holds_has_no_leave_one_out_error_and_keeps_the_seed_interval():
+    budgets = [1e10, 2e10, 5e10, 1e11]
+    losses = [3.0 * (b / 1e10) ** -0.1 for b in budgets]
+    errors = cal.lobo_errors(budgets, losses, frontier_fit)
+    assert sorted(errors) == budgets and max(abs(e) for e in errors.values()) < 1e-12
+    assert cal.calibrated(2.5, (2.4, 2.6), cal.misspecification(errors)) == pytest.approx((2.4, 2.6))
+    assert cal.misspecification({}) is None and cal.calibrated(2.5, (2.4, 2.6), None) == (2.4, 2.6)
+    # two budgets: nothing to leave out (a line through one point is no law)
+    assert cal.lobo_errors(budgets[:2], losses[:2], frontier_fit) == {}
+
+
+def test_a_bending_law_widens_the_interval_by_its_own_error_in_quadrature():
+    budgets = [1e10, 2e10, 5e10, 1e11]
+    losses = [3.0 * (b / 1e10) ** -(0.1 + 0.02 * math.log10(b / 1e10)) for b in budgets]  # the exponent rises
+    errors = cal.lobo_errors(budgets, losses, frontier_fit)
+    m = cal.misspecification(errors)
+    expected = math.sqrt(np.mean([e * e for e in errors.values()]))
+    assert m == pytest.approx(expected) and m > 1e-3
+    lo, hi = cal.calibrated(2.5, (2.4, 2.6), m)
+    assert math.log(2.5 / lo) == pytest.approx(math.hypot(math.log(2.5 / 2.4), cal.Z95 * m))
+    assert math.log(hi / 2.5) == pytest.approx(math.hypot(math.log(2.6 / 2.5), cal.Z95 * m))
+
+
+def held(predicted, observed, half, lobo=None):
+    interval = (predicted * math.exp(-half), predicted * math.exp(half))
+    return {"predicted": predicted, "observed": observed, "interval": interval, "seed_interval": interval,
+            "lobo": lobo or {}}
+
+
+def test_an_order_is_decided_only_where_the_gaps_interval_excludes_zero():
+    sd = 0.01 * cal.Z95  # each variant's 95% half-width in logs: 1.96 sd of 1%
+    wide = cal.order(held(3.0, 3.01, sd), held(3.02, 3.0, sd))  # a 0.7% gap, 2.8% of combined half-width
+    assert not wide["decided"] and wide["predicted_lower"] == "first" and not wide["agrees"]
+    clear = cal.order(held(3.0, 3.0, sd), held(3.3, 3.31, sd))
+    assert clear["decided"] and clear["agrees"] and clear["interval"][1] < 0
+    assert clear["gap"] == pytest.approx(math.log(3.0 / 3.3))
+    # a law that misses both variants alike costs the gap nothing; misses in opposite directions do
+    same = cal.order(held(3.0, 3.0, sd, {1e10: 0.05}), held(3.3, 3.31, sd, {1e10: 0.05}))
+    opposite = cal.order(held(3.0, 3.0, sd, {1e10: 0.05}), held(3.3, 3.31, sd, {1e10: -0.05}))
+    assert same["interval"] == pytest.approx(clear["interval"]) and not opposite["decided"]
+
+
+def test_size_steps_counts_grid_steps_in_logs():
+    grid = [8.0, 16.0, 32.0, 64.0]
+    assert cal.size_steps(16.5, 16.0, grid) == 0
+    assert cal.size_steps(40.0, 16.0, grid) == 1  # 40 is nearer 32 than 64 in logs
+    assert cal.size_steps(60.0, 8.0, grid) == 3
