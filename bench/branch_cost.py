@@ -24,28 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import child_env, write_result
+from bench.common import child_env, cpu_timed, write_result
 from bench.isoflop import FIXED, VARIANTS
-
-
-def timed(words: list[str], cwd: Path, env: dict) -> dict:
-    """``llmlab <words>`` in a process of its own: its CPU and wall seconds."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        sys.exit(f"bench.branch_cost: llmlab {' '.join(words)} failed:\n{done.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}
 
 
 def val_loss(run_dir: Path) -> float:
@@ -71,13 +56,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmlab-branch-cost-") as tmp:
         work = Path(tmp)
         # the data once, so that neither route pays for its preparation
-        timed(["tokenize", *[w for w in FIXED if w.startswith("tokenizer")]], work, env)
+        cpu_timed("branch_cost", ["tokenize", *[w for w in FIXED if w.startswith("tokenizer")]], work, env)
         for n in sizes:
             for seed in seeds:
                 long = work / "branched" / f"d{n}-s{seed}"
-                cost = timed(["train", *common, f"model.d_model={n}", f"seed={seed}", f"train.max_flops={top:g}",
-                              f"sched.branch_flops=[{','.join(f'{b:g}' for b in smaller)}]", f"hydra.run.dir={long}"],
-                             work, env)
+                branched = [f"train.max_flops={top:g}", f"sched.branch_flops=[{','.join(f'{b:g}' for b in smaller)}]"]
+                cost = cpu_timed("branch_cost", ["train", *common, f"model.d_model={n}", f"seed={seed}", *branched,
+                                                 f"hydra.run.dir={long}"], work, env)
                 branch_t.append(cost)
                 print(f"d_model {n} seed {seed}: one run with {len(smaller)} branches: {cost['cpu_s']:.0f} s CPU",
                       flush=True)
@@ -85,8 +70,8 @@ def main() -> None:
                                for p in (long / "branches").iterdir()}
                 for budget in budgets:
                     alone = work / "plain" / f"d{n}-s{seed}-{budget:g}"
-                    cost = timed(["train", *common, f"model.d_model={n}", f"seed={seed}", f"train.max_flops={budget:g}",
-                                  f"hydra.run.dir={alone}"], work, env)
+                    cost = cpu_timed("branch_cost", ["train", *common, f"model.d_model={n}", f"seed={seed}",
+                                                     f"train.max_flops={budget:g}", f"hydra.run.dir={alone}"], work, env)
                     plain_t.append(cost)
                     branched = long if budget == top else branch_dirs[budget]
                     points.append({"d_model": n, "seed": seed, "budget": budget, "plain": val_loss(alone),

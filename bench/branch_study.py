@@ -20,35 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.common import RESULTS, child_env, write_result
+from bench.common import RESULTS, child_env, cpu_timed, write_result
 from bench.isoflop import FIXED, VARIANTS
 
 
 def numbers(text: str, kind=float) -> list:
     return [kind(x) for x in text.split(",") if x]
-
-
-def timed(words: list[str], cwd: Path, env: dict) -> dict:
-    """``llmlab <words>`` in a process of its own: its CPU seconds (its own rusage) and wall seconds."""
-    t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - t
-    if proc.returncode:
-        raise SystemExit(f"bench.branch_study: llmlab {' '.join(words)} failed:\n{err[-2000:]}")
-    return {"cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "wall_s": round(wall, 2)}
 
 
 def main() -> None:
@@ -85,12 +69,12 @@ def main() -> None:
                 runs.append((f"{variant}/d{n}-s{seed}", [*VARIANTS[variant], f"model.d_model={n}", f"seed={seed}",
                                                           f"train.max_flops={top:g}",
                                                           f"sched.branch_flops=[{','.join(f'{b:g}' for b in smaller)}]"]))
-    timed(["tokenize", *[w for w in FIXED if w.startswith("tokenizer")]], work, env)  # the data once
+    cpu_timed("branch_study", ["tokenize", *[w for w in FIXED if w.startswith("tokenizer")]], work, env)  # the data once
     t0 = time.perf_counter()
 
     def one(item):
         name, words = item
-        cost = timed(["train", *common, *words, f"hydra.run.dir={work / 'runs' / name}"], work, env)
+        cost = cpu_timed("branch_study", ["train", *common, *words, f"hydra.run.dir={work / 'runs' / name}"], work, env)
         print(f"{name}: {cost['cpu_s']:.0f} s CPU, {cost['wall_s']:.0f} s", flush=True)
         return name, cost
 
@@ -98,7 +82,7 @@ def main() -> None:
         costs = dict(pool.map(one, runs))
     wall = time.perf_counter() - t0
     out = work / "report"
-    timed(["report", str(work / "runs"), f"out={out}", "surface=auto"], work, env)
+    cpu_timed("branch_study", ["report", str(work / "runs"), f"out={out}", "surface=auto"], work, env)
     report = json.loads((out / "report.json").read_text())
     keep = RESULTS / args.name
     keep.mkdir(parents=True, exist_ok=True)

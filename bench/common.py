@@ -25,6 +25,21 @@ def child_env(tree: Path = REPO, **extra: str) -> dict:
             **extra}
 
 
+def cpu_timed(bench: str, words: list[str], cwd: Path, env: dict) -> dict:
+    """``llmlab <words>`` in a process of its own: its own CPU seconds (user + system, from
+    its rusage, so runs timed at once do not share them) and its wall seconds. A failure stops
+    the benchmark ``bench`` with the end of llmlab's stderr."""
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "llmlab", *words], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    if os.waitstatus_to_exitcode(status):
+        sys.exit(f"bench.{bench}: llmlab {' '.join(words)} failed:\n{err[-2000:]}")
+    return {"cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "wall_s": round(wall, 2)}
+
+
 def llmlab(bench: str, words: list[str], cwd: Path, env: dict, quiet: bool = False) -> None:
     """``llmlab <words>`` for the benchmark ``bench`` (``quiet``: its standard output dropped);
     a refusal (llmlab's own line is printed above) stops the benchmark in one line, not in a
