@@ -38,6 +38,8 @@ def numbers(text: str, kind=float) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="mha,mla", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--compare", default="", help="variants whose runs an earlier study left in --work (the same "
+                    "design): they join the report without running again")
     ap.add_argument("--sizes", default="8,16,24,32,48", help="model.d_model values at every fitted budget")
     ap.add_argument("--budgets", default="2.5e10,5e10,1e11,2.5e11", help="the fitted budgets (train.max_flops)")
     ap.add_argument("--seeds", default="0,1,2")
@@ -81,8 +83,10 @@ def main() -> None:
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         costs = dict(pool.map(one, runs))
     wall = time.perf_counter() - t0
-    out = work / "report"
-    cpu_timed("branch_study", ["report", str(work / "runs"), f"out={out}", "surface=auto"], work, env)
+    out = work / f"report-{args.name}"
+    reported = [*args.variants.split(","), *filter(None, args.compare.split(","))]
+    cpu_timed("branch_study", ["report", *(str(work / "runs" / v) for v in reported), f"out={out}", "surface=auto"],
+              work, env)
     report = json.loads((out / "report.json").read_text())
     keep = RESULTS / args.name
     keep.mkdir(parents=True, exist_ok=True)
@@ -93,7 +97,8 @@ def main() -> None:
     held_cpu = sum(c["cpu_s"] for name, c in costs.items() if "/held-" in name)
     write_result(args.name, {
         "command": "python -m bench.branch_study " + " ".join(sys.argv[1:]),
-        "design": {"variants": args.variants.split(","), "sizes": numbers(args.sizes, int), "budgets": budgets,
+        "design": {"variants": args.variants.split(","), "compared_with": list(filter(None, args.compare.split(","))),
+                   "sizes": numbers(args.sizes, int), "budgets": budgets,
                    "seeds": numbers(args.seeds, int), "holdout": args.holdout,
                    "holdout_sizes": numbers(args.holdout_sizes, int), "holdout_seeds": numbers(args.holdout_seeds, int),
                    "warmup": args.warmup, "fixed": common},
