@@ -59,11 +59,13 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.head_loss
 	$(PYTHON) -m bench.cli
 
-bench-long: install  ## the hour-long studies: tokenize at 200 MB / 1 GB / 2 GB, the default recipe's search, muP's learning-rate transfer, an IsoFLOP study and its hold-out under both surface forms
+bench-long: install  ## the hour-long studies: tokenize at 200 MB / 1 GB / 2 GB, the default recipe's search, muP's learning-rate transfer, IsoFLOP studies (one of cooldown branches, and what branches save) and the pooled hold-out table
 	$(PYTHON) -m bench.tokenize_scale --train-speed
 	$(PYTHON) -m bench.default_search
 	$(PYTHON) -m bench.mup_transfer
 	$(PYTHON) -m bench.isoflop --jobs 2
+	$(PYTHON) -m bench.branch_cost
+	$(PYTHON) -m bench.branch_study --jobs 2
 	$(PYTHON) -m bench.holdout_forms
 
 bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, and its kernel-time split; results go to bench/results/

@@ -48,7 +48,7 @@ from llmlab.eval import calibration as cal
 from llmlab.files import atomic_write_text
 
 STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-lr-5e11", "isoflop-lr", "isoflop-lr-1e12",
-           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep")
+           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep", "branch-study")
 SIZE = re.compile(r"(?:^| )model\.d_model=(\d+)(?: |$)")
 BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
 
@@ -92,13 +92,14 @@ def pooled(rows: list[dict], form: str) -> dict:
     """A route's figures over every study and variant (see the module's docstring)."""
     from scipy.stats import binomtest
 
-    have = [r for r in rows if r.get(form) and "why" not in r[form] and r[form].get("interval")]
+    usable = [r for r in rows if r.get(form) and "why" not in r[form] and r[form].get("interval")]
+    have = [r for r in usable if not r.get("same_runs_as")]  # a variant's runs count once in the pooled figures
     errors = [r[form]["error"] for r in have]
     above = sum(e > 0 for e in errors)
     half = [(r[form]["interval"][1] - r[form]["interval"][0]) / 2 / r[form]["predicted"] for r in have]
     orders = []
-    for study in dict.fromkeys(r["study"] for r in have):
-        mine = [r for r in have if r["study"] == study]
+    for study in dict.fromkeys(r["study"] for r in usable):  # every pair of a study is its own decision
+        mine = [r for r in usable if r["study"] == study]
         for a, b in itertools.combinations(mine, 2):
             seed = {"seed_interval": None}
             o = cal.order({**seed, **a[form], "seed_interval": a[form].get("seed_interval") or a[form]["interval"]},
@@ -106,7 +107,7 @@ def pooled(rows: list[dict], form: str) -> dict:
             if o is not None:
                 orders.append(o)
     steps = [r[form]["size_steps"] for r in have if r[form].get("size_steps") is not None]
-    return {"cases": len(have), "without": len(rows) - len(have),
+    return {"cases": len(have), "without": len(rows) - len(usable), "repeated": len(usable) - len(have),
             "within_interval": sum(r[form]["within_interval"] for r in have),
             "coverage": sum(r[form]["within_interval"] for r in have) / len(have) if have else None,
             "halfwidth": float(np.median(half)) if half else None,
@@ -172,6 +173,11 @@ def main() -> None:
             print(f"{study:18s} {label[-22:]:>22s} auto       chose {chosen['form']}"
                   + (" (nested: " + ", ".join(f"{f} {e:+.2%}" for f, e in chosen["errors"].items()) + ")"
                      if "errors" in chosen else f" ({chosen['why']})"), flush=True)
+            twin = next((r for r in rows if r["variant"] == label and r["budget"] == row["budget"]
+                         and r["runs"] == row["runs"] and r.get("frontier") == row.get("frontier")
+                         and r["chinchilla"]["observed"] == row["chinchilla"]["observed"]), None)
+            if twin is not None:  # the same runs, reported again beside another variant (bench.branch_study --compare)
+                row["same_runs_as"] = twin["study"]
             rows.append(row)
     for row in rows:  # the frontier says nothing of sizes: its route's compute-optimal size is the chosen surface's
         for route in ("frontier", "frontier_seed"):
