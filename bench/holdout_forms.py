@@ -48,7 +48,7 @@ from llmlab.eval import calibration as cal
 from llmlab.files import atomic_write_text
 
 STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-lr-5e11", "isoflop-lr", "isoflop-lr-1e12",
-           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep", "branch-study")
+           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep", "branch-study", "branch-study-gqa")
 SIZE = re.compile(r"(?:^| )model\.d_model=(\d+)(?: |$)")
 BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
 
