@@ -222,3 +222,17 @@ def test_release_removes_only_links(tmp_path):
         release(tmp_path / name)
     assert (tmp_path / "plain").read_text() == "mine" and not (tmp_path / "soft").exists()
     assert victim.read_bytes() == VICTIM
+
+
+@pytest.mark.parametrize("command,name", [
+    (["tokenize", "tokenizer=byte", "hydra.run.dir=tk"], "tk/tokenize.json"),
+    (["eval", "ckpt=run", "max_batches=1", "analysis=attention", "hydra.run.dir=ev"], "ev/attention.json"),
+])
+def test_the_other_commands_records_replace_a_planted_link(base, tmp_path, command, name):
+    """tokenize's record of the shards and the attention analysis's results, written into a
+    folder that holds a link under their name."""
+    work, victim = case(base, tmp_path)
+    (work / name).parent.mkdir()
+    plant(work / name, victim)
+    args = [*command, *data(base)] if command[0] == "tokenize" else command
+    replaced(run_cli(*args, cwd=work), work / name, victim)
