@@ -79,7 +79,7 @@ def run_branches(planned: list[branches.Branch], run_dir: Path, in_sweep: bool) 
         if finished_summary(branch.path, branch.job.run_id) is not None:
             console.out.print(f"branch {branch.label}: finished already in {branch.path}")
             continue
-        if not branches.started(branch) and not (branch.path / "checkpoints").is_dir():
+        if not (branch.path / "checkpoints").is_dir():  # a branch not finished has its fork there, at least
             console.out.print(f"branch {branch.label}: {branch.path} holds no fork of this run (removed?), so it "
                               "cannot be trained; start the run again in a new hydra.run.dir to have it", style="yellow")
             continue
