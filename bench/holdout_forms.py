@@ -156,8 +156,8 @@ def main() -> None:
                       flush=True)
             f = sr.frontier_holdout(built, budgets, sc.BOOTSTRAPS)  # the second route: no surface, no floor
             row["frontier"] = f if f is None or "why" in f else {
-                **{k: f[k] for k in ("predicted", "interval", "seed_interval", "misspecification", "observed", "error",
-                                     "within_interval", "gamma")},
+                **{k: f[k] for k in ("predicted", "interval", "seed_interval", "misspecification", "lobo_rms", "reach",
+                                     "observed", "error", "within_interval", "gamma")},
                 "lobo": {f"{b:.6g}": e for b, e in f["lobo"].items()}, "at_bounds": []}
             if f is not None and "why" not in f:
                 lo, hi = f["seed_interval"]

@@ -71,6 +71,8 @@ VARIANTS = {
     "mla": ["model/attention=mla", "attention.kv_rank=d_model/2", "attention.rope_dim=d_model/4",
             "attention.nope_dim=d_model/4", "attention.v_dim=d_model/4"],
     "gqa": ["model/attention=gqa", "attention.kv_heads=2"],  # two key/value heads for the four query heads
+    "post": ["model/attention=mha", "norm=post"],  # normalised after each residual sum
+    "nope": ["model/attention=mha", "pos=none"],  # no position signal but the causal mask
 }
 
 

@@ -2,13 +2,21 @@
 a law that does not quite hold, and the decisions taken from them.
 
 A prediction interval built from seed noise alone (a bootstrap over the runs) assumes the
-fitted law is the true one. Across the project's committed studies that assumption left 3 of
-20 frontier hold-outs outside their 95% intervals. `calibrated` adds the law's own error:
-the root mean square of its leave-one-budget-out errors on the budgets it was fitted to (each
-fitted budget predicted by the law fitted to the others), in logs and in quadrature with each
-side of the seed interval. It is measured on the study's own data, before the held-out budget
-is looked at, and grows where the law bends across the fitted budgets. With two fitted
-budgets there is nothing to leave out: the interval stays the seed interval, and says so.
+fitted law is the true one. `calibrated` adds the law's own error, measured on the study's own
+fitted budgets before the held-out budget is looked at: the root mean square of its
+leave-one-budget-out errors (each fitted budget predicted by the law fitted to the others), in
+logs and in quadrature with each side of the seed interval. Two things make that raw figure
+too small, and `law_error` corrects both:
+
+- it rests on a few errors (two to four): its 95% point is Student's t with as many degrees of
+  freedom, not the normal's 1.96 (`small_sample`);
+- a left-out budget lies one budget step from the others, and the held-out budget lies further:
+  an error in the law's slope grows with the distance, so the error is scaled by how many steps
+  (the fitted budgets' median spacing, in logs) the held-out budget lies past the largest fitted
+  one, when that is more than one (`reach`).
+
+With two fitted budgets there is nothing to leave out: the interval stays the seed interval,
+and says so.
 
 The decisions (`order`, `size_steps`): which variant is predicted lower at the held-out budget
 and whether the interval of the gap excludes 0 (a decided order), and where the predicted
@@ -45,6 +53,32 @@ def misspecification(errors: dict[float, float]) -> float | None:
     return math.sqrt(float(np.mean(np.square(list(errors.values()))))) if errors else None
 
 
+def small_sample(errors: dict[float, float]) -> float:
+    """How much wider than the normal's the 95% point of a spread estimated from ``errors``
+    alone is: Student's t with len(errors) degrees of freedom over 1.96 (1 without errors)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, len(errors))) / Z95 if errors else 1.0
+
+
+def reach(fitted: Sequence[float], target: float) -> float:
+    """How many budget steps (the fitted budgets' median spacing, in logs) ``target`` lies past
+    the largest fitted budget; at least 1 (a left-out budget is one step from its neighbours)."""
+    x = np.log(np.sort(np.asarray(fitted, float)))
+    if len(x) < 2:
+        return 1.0
+    step = float(np.median(np.diff(x)))
+    return max(1.0, (math.log(target) - float(x[-1])) / step) if step > 0 else 1.0
+
+
+def law_error(errors: dict[float, float], target: float) -> float | None:
+    """The law's error at ``target`` as a standard deviation in logs: the leave-one-budget-out
+    errors' root mean square, times `small_sample` and `reach` (see the module's docstring);
+    None without any error."""
+    m = misspecification(errors)
+    return None if m is None else m * small_sample(errors) * reach(list(errors), target)
+
+
 def calibrated(predicted: float, seed_interval: tuple[float, float] | None,
                misspec: float | None) -> tuple[float, float] | None:
     """The seed interval widened by the law's error: in logs, each side's distance from the
@@ -70,7 +104,8 @@ def order(first: dict, second: dict) -> dict | None:
     """The predicted order of two variants at the held-out budget (each a calibrated hold-out:
     ``predicted``, ``interval``, ``observed``, ``lobo``): the gap ln(L_first / L_second) with its
     95% interval (the two seed spreads in quadrature, and the law's error on the gap itself, from
-    the two variants' leave-one-budget-out errors at the budgets both left out), whether that
+    the two variants' leave-one-budget-out errors at the budgets both left out, widened as
+    `law_error` widens each variant's by ``reach``), whether that
     interval excludes 0, and whether the observed order agrees. None where either has no
     interval."""
     if first.get("interval") is None or second.get("interval") is None:
@@ -79,8 +114,10 @@ def order(first: dict, second: dict) -> dict | None:
     seed = math.hypot(log_sd(first["predicted"], first["seed_interval"]),
                       log_sd(second["predicted"], second["seed_interval"]))
     shared = sorted(set(first.get("lobo", {})) & set(second.get("lobo", {})))
-    law = (math.sqrt(float(np.mean([(first["lobo"][b] - second["lobo"][b]) ** 2 for b in shared])))
-           if shared else 0.0)
+    law = 0.0
+    if shared:  # the gap's own leave-one-budget-out errors, widened as each variant's (`law_error`)
+        gaps = {b: first["lobo"][b] - second["lobo"][b] for b in shared}
+        law = misspecification(gaps) * small_sample(gaps) * max(first.get("reach", 1.0), second.get("reach", 1.0))
     half = Z95 * math.hypot(seed, law)
     observed = math.log(first["observed"] / second["observed"])
     decided = abs(gap) > half

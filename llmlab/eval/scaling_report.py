@@ -261,11 +261,12 @@ def holdout(label: str, cells: list[sc.Cell], budgets: list[float], reps: int, f
 def frontier_holdout(cells: list[sc.Cell], budgets: list[float], reps: int) -> dict | None:
     """The frontier's own check, beside the surface's: the lowest loss at each budget but the
     largest, fitted by a power law in C (`scaling.Frontier`, no floor), predicts the largest
-    budget's best loss. Its 95% prediction interval: the runs redrawn with their seed noise
-    (each budget's best cell chosen anew) plus the noise of the observed mean
-    (``seed_interval``), widened by the law's own leave-one-budget-out error (``interval``,
-    `calibration.calibrated`). None with fewer than 3 budgets. (The frontier says nothing of
-    sizes: the compute-optimal size at the held-out budget is the surface's, `holdout`.)"""
+    budget's best loss. Its 95% prediction interval: the runs redrawn with their budget's seed
+    noise (each budget's best cell chosen anew) plus the noise of the observed mean
+    (``seed_interval``), widened by the law's own error (``interval``, `calibration.law_error`:
+    its leave-one-budget-out errors, for their number and for how far the held-out budget lies
+    past the fitted ones). None with fewer than 3 budgets. (The frontier says nothing of sizes:
+    the compute-optimal size at the held-out budget is the surface's, `holdout`.)"""
     if len(budgets) < 3 or (split := _below_and_at(cells, budgets[-1])) is None:
         return None
     train, held = split
@@ -277,25 +278,29 @@ def frontier_holdout(cells: list[sc.Cell], budgets: list[float], reps: int) -> d
     predicted = float(fit.loss(top))
     chosen = min(held, key=lambda c: float(np.mean(c.losses)))
     observed = float(np.mean(chosen.losses))
-    sd, dof = _frontier_sd(train, fit, best)
+    noise = _frontier_noise(train, fit, best)
     draws = []
-    if sd is not None:
+    if noise is not None:
         rng = np.random.default_rng(2)
+        last = noise[max(noise)]  # the observed mean's noise: the nearest budget's
         for _ in range(reps):
-            means = [float(np.mean(np.asarray(c.losses) + sd * rng.standard_t(dof, len(c.losses)))) for c in train]
+            means = [float(np.mean(np.asarray(c.losses) + noise[c.budget][0] * rng.standard_t(noise[c.budget][1],
+                                                                                                len(c.losses))))
+                     for c in train]
             try:
                 again, _ = sc.frontier_of(train, means)
             except ValueError:  # in this draw fewer budgets bracket their optimum
                 continue
-            draws.append(float(again.loss(top)) + sd / math.sqrt(len(chosen.losses)) * float(rng.standard_t(dof)))
+            draws.append(float(again.loss(top)) + last[0] / math.sqrt(len(chosen.losses)) * float(rng.standard_t(last[1])))
     seed_ci = sc.interval(draws)
     fitted = sorted(best)
     lobo = cal.lobo_errors(fitted, [float(np.mean(train[best[b]].losses)) for b in fitted],
                            lambda b, losses: sc.fit_frontier(b, losses).loss)
-    misspec = cal.misspecification(lobo)
-    ci = cal.calibrated(predicted, seed_ci, misspec)
-    return {"predicted": predicted, "interval": ci, "seed_interval": seed_ci, "misspecification": misspec,
-            "lobo": lobo, "observed": observed, "error": observed / predicted - 1,
+    law = cal.law_error(lobo, top)
+    ci = cal.calibrated(predicted, seed_ci, law)
+    return {"predicted": predicted, "interval": ci, "seed_interval": seed_ci, "misspecification": law,
+            "lobo": lobo, "lobo_rms": cal.misspecification(lobo), "reach": cal.reach(fitted, top),
+            "observed": observed, "error": observed / predicted - 1,
             "within_interval": ci is not None and ci[0] <= observed <= ci[1], "gamma": fit.gamma, "c_c": fit.c_c,
             "fitted_on": fitted}
 
@@ -313,16 +318,21 @@ def decisions(held: list[dict]) -> list[dict]:
     return out
 
 
-def _frontier_sd(train: list[sc.Cell], fit: sc.Frontier, best: dict[float, int]) -> tuple[float | None, int]:
-    """One run's loss noise for the frontier's interval: the seeds' pooled spread, or with one
-    seed per cell the frontier's residuals (None where they leave no degree of freedom)."""
-    if (pooled := pooled_seed_sd(train)) is not None:
-        return pooled
-    dof = len(best) - 2
-    if dof < 1:
-        return None, 0
-    residuals = [float(np.mean(train[i].losses)) - float(fit.loss(b)) for b, i in best.items()]
-    return float(np.sqrt(np.sum(np.square(residuals)) / dof)), dof
+def _frontier_noise(train: list[sc.Cell], fit: sc.Frontier,
+                    best: dict[float, int]) -> dict[float, tuple[float, int]] | None:
+    """One run's loss noise at each budget, for the frontier's interval: the spread over seeds
+    pooled within that budget's cells (it shrinks as budgets grow: one spread pooled over every
+    budget would give the largest budgets the smallest ones' noise); a budget whose cells have
+    one seed each takes the spread pooled over all; with one seed everywhere, the frontier's
+    residuals. None where they leave no degree of freedom."""
+    every = pooled_seed_sd(train)
+    if every is None:
+        dof = len(best) - 2
+        if dof < 1:
+            return None
+        residuals = [float(np.mean(train[i].losses)) - float(fit.loss(b)) for b, i in best.items()]
+        every = (float(np.sqrt(np.sum(np.square(residuals)) / dof)), dof)
+    return {b: pooled_seed_sd([c for c in train if c.budget == b]) or every for b in {c.budget for c in train}}
 
 
 def frontier_section(all_cells: dict[str, list[sc.Cell]], measured: tuple[float, float], reps: int) -> dict:

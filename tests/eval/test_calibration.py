@@ -62,3 +62,24 @@ def test_size_steps_counts_grid_steps_in_logs():
     assert cal.size_steps(16.5, 16.0, grid) == 0
     assert cal.size_steps(40.0, 16.0, grid) == 1  # 40 is nearer 32 than 64 in logs
     assert cal.size_steps(60.0, 8.0, grid) == 3
+
+
+def test_the_laws_error_is_widened_for_its_few_errors_and_for_the_distance_past_the_fitted_budgets():
+    fitted = [1e10, 2e10, 4e10]
+    assert cal.reach(fitted, 1.6e11) == pytest.approx(2.0)  # two doublings past 4e10, one doubling a step
+    assert cal.reach(fitted, 6e10) == 1.0 and cal.reach(fitted[:1], 1e12) == 1.0
+    errors = {1e10: 0.01, 2e10: -0.02, 4e10: 0.01}
+    t3 = 3.182446  # Student's t, 3 degrees of freedom, 97.5%
+    assert cal.small_sample(errors) == pytest.approx(t3 / cal.Z95, rel=1e-5) and cal.small_sample({}) == 1.0
+    rms = math.sqrt((0.01 ** 2 + 0.02 ** 2 + 0.01 ** 2) / 3)
+    assert cal.law_error(errors, 1.6e11) == pytest.approx(rms * t3 / cal.Z95 * 2.0, rel=1e-5)
+    assert cal.law_error({}, 1.6e11) is None
+
+
+def test_the_gaps_law_error_grows_with_the_reach_as_each_variants_does():
+    sd = 0.005 * cal.Z95
+    up, down = {1e10: 0.005, 2e10: -0.005, 4e10: 0.005}, {1e10: -0.005, 2e10: 0.005, 4e10: -0.005}
+    near = cal.order({**held(3.0, 3.0, sd, up), "reach": 1.0}, {**held(3.2, 3.2, sd, down), "reach": 1.0})
+    far = cal.order({**held(3.0, 3.0, sd, up), "reach": 3.0}, {**held(3.2, 3.2, sd, down), "reach": 3.0})
+    assert near["decided"] and not far["decided"]
+    assert far["interval"][1] - far["gap"] > near["interval"][1] - near["gap"]
