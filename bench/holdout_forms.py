@@ -4,18 +4,18 @@ Each study's report.json (bench/results/NAME/report.json, written by `llmlab rep
 its groups: the runs' losses per seed, parameters and FLOPs per token, and its scaling
 section, whose per-budget sizes are the non-embedding parameter counts of the group sizes.
 From these the design cells are rebuilt (a run's tokens taken as its budget over its FLOPs per
-token, which a run's whole steps round down by under one step), and `llmlab.eval.scaling_report.holdout` runs on them
+token, which a run's whole steps round down by under one step), and `llmlab.study.holdout.holdout` runs on them
 with `surface=chinchilla` (E + A/N^a + B/D^b) and `surface=kaplan` (size and tokens
 interact): fitted without the largest budget, each predicts that budget's best loss. The
 `auto` rows are the form `surface=auto` picks (a nested hold-out on the smaller budgets) and
 that form's figures. The `frontier` rows are the second route beside the surfaces: the best loss
 at each smaller budget whose sizes bracket it, fitted by a power law in C with no floor
-(`llmlab.eval.scaling.Frontier`), extrapolated to the largest budget.
+(`llmlab.study.frontier.Frontier`), extrapolated to the largest budget.
 
     python -m bench.holdout_forms                       # the committed studies, a few minutes
     python -m bench.holdout_forms isoflop isoflop-gpu   # some of them
 
-The frontier's interval is calibrated (`llmlab.eval.calibration`): its seed interval widened by
+The frontier's interval is calibrated (`llmlab.study.calibration`): its seed interval widened by
 the law's leave-one-budget-out error on the fitted budgets; ``frontier_seed`` keeps the seed
 interval alone, for comparison. The pooled ``summary`` says, per route, what a study can stand
 behind: ``coverage`` (the share of held-out observations inside their 95% interval),
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS, machine
-from llmlab.eval import calibration as cal
+from llmlab.study import calibration as cal
 from llmlab.files import atomic_write_text
 
 STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-lr-5e11", "isoflop-lr", "isoflop-lr-1e12",
@@ -56,8 +56,8 @@ BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
 def cells(report: dict, size: str = "params") -> dict[str, list]:
     """The study's design cells per variant, from its report.json; N as ``size`` measures it
     (``flops``: the group's FLOPs per token / 6, `llmlab report scaling.size=flops`)."""
-    from llmlab.eval import scaling as sc
     from llmlab.names import parse_flops
+    from llmlab.study.surface import Cell
 
     section = report["scaling"]
     out = {}
@@ -80,7 +80,7 @@ def cells(report: dict, size: str = "params") -> dict[str, list]:
                     raise ValueError(f"group {g['group']!r}: flops_per_token {g['flops_per_token']!r} and "
                                      f"val_loss_values {g['val_loss_values']!r}: want a positive number and finite losses")
                 n = float(n) if size == "params" else fpt / 6
-                built.append(sc.Cell(n, b["budget"] / fpt, b["budget"], fpt, b["budget"], losses))
+                built.append(Cell(n, b["budget"] / fpt, b["budget"], fpt, b["budget"], losses))
         out[label] = built
     return out
 
@@ -124,8 +124,8 @@ def pooled(rows: list[dict], form: str) -> dict:
 
 def main() -> None:
     from llmlab.errors import ConfigError
-    from llmlab.eval import scaling as sc
-    from llmlab.eval import scaling_report as sr
+    from llmlab.study import holdout as ho
+    from llmlab.study import surface as su
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("studies", nargs="*", default=list(STUDIES), help="names under bench/results/")
@@ -142,9 +142,9 @@ def main() -> None:
         for label, built in built_all.items():
             budgets = sorted({c.budget for c in built})
             row = {"study": study, "variant": label, "budget": budgets[-1], "runs": sum(len(c.losses) for c in built)}
-            for form, size in [(f, "params") for f in sc.FORMS] + [(f, "flops") for f in sc.FORMS]:
+            for form, size in [(f, "params") for f in su.FORMS] + [(f, "flops") for f in su.FORMS]:
                 route = form if size == "params" else f"{form}_flops"  # N = FLOPs per token / 6
-                h = sr.holdout(label, built if size == "params" else by_flops[label], budgets, sc.BOOTSTRAPS, form)
+                h = ho.holdout(label, built if size == "params" else by_flops[label], budgets, su.BOOTSTRAPS, form)
                 row[route] = {k: h[k] for k in ("predicted", "interval", "observed", "error", "within_interval",
                                                "predicted_size", "observed_size", "size_steps")}
                 row[route]["at_bounds"] = h["surface"]["at_bounds"]
@@ -154,7 +154,7 @@ def main() -> None:
                       f"{h['error']:+.2%}{'' if h['within_interval'] else ' outside'}"
                       + (f"; on a bound: {', '.join(row[route]['at_bounds'])}" if row[route]["at_bounds"] else ""),
                       flush=True)
-            f = sr.frontier_holdout(built, budgets, sc.BOOTSTRAPS)  # the second route: no surface, no floor
+            f = ho.frontier_holdout(built, budgets, su.BOOTSTRAPS)  # the second route: no surface, no floor
             row["frontier"] = f if f is None or "why" in f else {
                 **{k: f[k] for k in ("predicted", "interval", "seed_interval", "misspecification", "lobo_rms", "reach",
                                      "observed", "error", "within_interval", "gamma")},
@@ -168,7 +168,7 @@ def main() -> None:
                   + (f"n/a ({f['why'] if f else 'fewer than 3 budgets'})" if f is None or "why" in f else
                      f"predicted {f['predicted']:.4f} [{f['interval'][0]:.4f}, {f['interval'][1]:.4f}] observed "
                      f"{f['observed']:.4f} {f['error']:+.2%}{'' if f['within_interval'] else ' outside'}"), flush=True)
-            chosen = sr.choose_form(built, budgets)  # surface=auto: chosen without the largest budget
+            chosen = ho.choose_form(built, budgets)  # surface=auto: chosen without the largest budget
             row["auto"] = {**row[chosen["form"]], "form": chosen["form"], "nested_errors": chosen.get("errors")}
             print(f"{study:18s} {label[-22:]:>22s} auto       chose {chosen['form']}"
                   + (" (nested: " + ", ".join(f"{f} {e:+.2%}" for f, e in chosen["errors"].items()) + ")"
@@ -183,7 +183,7 @@ def main() -> None:
         for route in ("frontier", "frontier_seed"):
             if row.get(route) and "why" not in row[route]:
                 row[route].update({k: row["auto"][k] for k in ("predicted_size", "observed_size", "size_steps")})
-    summary = {form: pooled(rows, form) for form in (*sc.FORMS, *(f"{f}_flops" for f in sc.FORMS), "auto", "frontier",
+    summary = {form: pooled(rows, form) for form in (*su.FORMS, *(f"{f}_flops" for f in su.FORMS), "auto", "frontier",
                                                        "frontier_seed")}
     summary["default"] = DEFAULT_ROUTE
     for form, s in summary.items():

@@ -354,11 +354,12 @@ def plan_grid(plan_dirs: list[Path], budgets: list[float], multiple: int = 8, po
     round's): the report's scaling section, asked at those budgets for ``points`` sizes each,
     each size a multiple of ``multiple`` (MLA's rotary width d/4 must be even with 4 heads: d
     a multiple of 8). ``select``: as the report's (best_lr: each cell's best rate counts)."""
-    from llmlab.eval import scaling_report as sr
     from llmlab.eval.runs import find_runs
+    from llmlab.study import design as de
+    from llmlab.study import section as se
 
-    runs, _, drop = sr.apply_select(find_runs(plan_dirs), select)
-    section = sr.scaling_section(runs, drop, at_budgets=budgets, points=points)
+    runs, _, drop = de.apply_select(find_runs(plan_dirs), select)
+    section = se.scaling_section(runs, drop, at_budgets=budgets, points=points)
     if not section or not section["next_grid"]:  # a planning round too small, or runs that failed
         why = "; ".join(v["why"] for v in (section or {}).get("variants", {}).values() if v.get("why"))
         sys.exit(f"bench.isoflop: the planning runs in {plan_dirs[0].parent} give no fit "
@@ -375,7 +376,7 @@ def recentre(section: dict | None, grids: dict[str, dict[str, list[int]]], names
     surface's optimum (or the IsoFLOP vertex) when that lies outside the middle half of the
     sizes' log span. Each: {variant, budget, d_model (None where the grid cannot grow that way),
     why}."""
-    from llmlab.eval import scaling as sc
+    from llmlab.study import optimum as op
 
     out = []
     for label, v in ((section or {}).get("variants") or {}).items():
@@ -390,7 +391,7 @@ def recentre(section: dict | None, grids: dict[str, dict[str, list[int]]], names
             if b.get("best_at_end"):  # the best size run is an end of the grid: grow the grid past it
                 where = 0.0 if b["best_at_end"] == "smallest" else 1.0
             else:
-                where = b["optimum_position"] if sc.off_centre(b["optimum_position"]) else iso.get("position")
+                where = b["optimum_position"] if op.off_centre(b["optimum_position"]) else iso.get("position")
             if where is None:
                 continue
             sizes = grids[name][f"{b['budget']:g}"]

@@ -50,7 +50,7 @@ LONGEST_FIRST = (
     "test_untrusted_input.py",  # 36
     "model/test_transformer.py",  # 34
     "train/test_distributed.py",  # 28
-    "eval/test_scaling.py",  # 28
+    "study/test_scaling.py",  # 28
     "test_links.py",  # 23
     "train/test_faults.py",  # 20
     "train/test_branches.py",  # 17
@@ -65,7 +65,7 @@ LONGEST_FIRST = (
     "train/test_loss_curve.py",  # 7
     "model/test_presets.py",  # 7
     "train/test_distill.py",  # 7
-    "eval/test_report.py",  # 7
+    "study/test_report.py",  # 7
     "test_interruptions.py",  # 6
     "model/test_mup.py",  # 5
     "train/test_schedule_optim.py",  # 4
@@ -111,8 +111,9 @@ def one_thread():
 def few_replicates(monkeypatch):
     """For a test that asserts no interval's width: 40 bootstrap replicates instead of 200 in the
     scaling report's fits (commands run in this process)."""
-    from llmlab.eval import scaling
-    monkeypatch.setattr(scaling, "BOOTSTRAPS", 40)
+    from llmlab.study import surface
+
+    monkeypatch.setattr(surface, "BOOTSTRAPS", 40)
 
 
 def write_corpus(root: Path, repeat: int = 1) -> Path:

@@ -19,6 +19,7 @@ LAYERS = [
     {"data", "model"},
     {"sample", "export"},
     {"eval"},
+    {"study"},  # reads runs (eval.runs) and draws with eval.plots
     {"train"},
     {"commands"},
     {"help", "overrides", "hydra_files"},

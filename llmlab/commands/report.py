@@ -10,10 +10,10 @@ from llmlab.errors import ConfigError
 from llmlab.registry import Checked, bounded, choice
 
 SELECT = ("all", "best_lr")
-# llmlab.eval.scaling.FORMS, named here without importing numpy, and auto: per variant, the form
+# llmlab.study.surface.FORMS, named here without importing numpy, and auto: per variant, the form
 # that predicts the second largest budget best from the smaller ones (a nested hold-out)
 SURFACES = ("chinchilla", "kaplan", "auto")
-SIZES = ("params", "flops")  # llmlab.eval.scaling_report.SIZE_MEASURES
+SIZES = ("params", "flops")  # llmlab.study.design.SIZE_MEASURES
 
 
 @dataclass
@@ -40,7 +40,7 @@ class ReportConfig(Checked):
 
 
 def run(job: ReportConfig, run_dir: Path) -> None:
-    from llmlab.eval.report import write_report
+    from llmlab.study.report import write_report
 
     out = Path(os.path.expanduser(job.out)) if job.out else run_dir
     write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps,

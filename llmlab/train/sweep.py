@@ -60,7 +60,7 @@ class SweepReport(Callback):
             return
         from llmlab import console
         from llmlab.errors import UserError, fail
-        from llmlab.eval.report import write_report
+        from llmlab.study.report import write_report
         from llmlab.eval.runs import natural_key
 
         sweep_dir = Path(str(config.hydra.sweep.dir))

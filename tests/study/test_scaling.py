@@ -12,34 +12,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlab.eval import scaling as sc
-from llmlab.eval import scaling_report as sr
-from llmlab.eval.report import write_report
 from llmlab.errors import UserError
+from llmlab.study import design as de
+from llmlab.study import frontier as fr
+from llmlab.study import holdout as ho
+from llmlab.study import markdown as md
+from llmlab.study import optimum as op
+from llmlab.study import section as se
+from llmlab.study import surface as su
+from llmlab.study.report import write_report
 from tests.conftest import check_cli
 
 # alpha != beta on purpose: the case where the IsoFLOP parabola is biased even when centred
-TRUE = sc.Surface(e=1.8, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0)
+TRUE = su.Surface(e=1.8, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0)
 # a lower floor but larger size and token terms: behind at small budgets, ahead at large ones
-OTHER = sc.Surface(e=1.3, a=360.0, alpha=0.45, b=480.0, beta=0.30, rmse=0.0)
-SIX_N = sc.FlopsPerToken(6.0, 1.0)
+OTHER = su.Surface(e=1.3, a=360.0, alpha=0.45, b=480.0, beta=0.30, rmse=0.0)
+SIX_N = op.FlopsPerToken(6.0, 1.0)
 BUDGETS = (1e14, 3e14, 1e15)
 
 
-def true_optimum(surface: sc.Surface, budget: float, flops: sc.FlopsPerToken = SIX_N) -> float:
+def true_optimum(surface: su.Surface, budget: float, flops: op.FlopsPerToken = SIX_N) -> float:
     """The optimum size found by brute force on a fine grid of sizes (no closed form)."""
     n = np.logspace(2, 9, 200_001)
     return float(n[np.argmin(surface.loss(n, budget / flops(n)))])
 
 
-def design(sizes, budgets=BUDGETS, seeds=2, sigma=0.003, surface=TRUE, seed=0) -> list[sc.Cell]:
+def design(sizes, budgets=BUDGETS, seeds=2, sigma=0.003, surface=TRUE, seed=0) -> list[su.Cell]:
     rng = np.random.default_rng(seed)
     cells = []
     for budget in budgets:
         for n in sizes:
             d = budget / SIX_N(n)
             losses = tuple(float(surface.loss(n, d) + rng.normal(0, sigma)) for _ in range(seeds))
-            cells.append(sc.Cell(float(n), float(d), float(budget), float(SIX_N(n)), float(budget), losses))
+            cells.append(su.Cell(float(n), float(d), float(budget), float(SIX_N(n)), float(budget), losses))
     return cells
 
 
@@ -53,7 +58,7 @@ GRIDS = {"centred": MIDDLE * np.logspace(-1, 1, 5), "off-centre": MIDDLE * np.lo
 
 
 # Kaplan et al.'s form, where size and tokens interact, with the same limits as TRUE
-KAPLAN = sc.Surface(e=1.8, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0, form="kaplan")
+KAPLAN = su.Surface(e=1.8, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0, form="kaplan")
 
 
 def test_kaplans_form_has_the_additive_forms_limits_and_interacts_between_them():
@@ -65,34 +70,34 @@ def test_kaplans_form_has_the_additive_forms_limits_and_interacts_between_them()
     assert KAPLAN.loss(n, d) == pytest.approx(TRUE.e + (x ** (1 / 0.3) + y ** (1 / 0.3)) ** 0.3, rel=1e-12)
     assert np.all(KAPLAN.loss(n, d) < TRUE.loss(n, d))
     # at the search's smallest beta, A^(1/beta) is past a float's range: computed in logs, not inf
-    steep = sc.Surface(e=1.0, a=1e9, alpha=0.1, b=1e9, beta=sc.EXPONENTS[0], rmse=0.0, form="kaplan")
-    additive = sc.Surface(1.0, 1e9, 0.1, 1e9, sc.EXPONENTS[0], 0.0)
+    steep = su.Surface(e=1.0, a=1e9, alpha=0.1, b=1e9, beta=su.EXPONENTS[0], rmse=0.0, form="kaplan")
+    additive = su.Surface(1.0, 1e9, 0.1, 1e9, su.EXPONENTS[0], 0.0)
     assert np.all(np.isfinite(steep.loss(n, d))) and np.all(steep.loss(n, d) < additive.loss(n, d))
-    assert np.isfinite(float(sc.optimum(steep, SIX_N, 1e15, (1e2, 1e9))["loss"]))
+    assert np.isfinite(float(op.optimum(steep, SIX_N, 1e15, (1e2, 1e9))["loss"]))
 
 
 def test_kaplans_form_is_recovered_where_the_additive_one_does_not_fit():
     cells = design(GRIDS["centred"], surface=KAPLAN)
     n, d, y = (np.asarray(c) for c in columns(cells))
-    fit = sc.fit_surface(n, d, y, form="kaplan")
-    assert fit.form == "kaplan" and sc.at_bounds(fit) == []
+    fit = su.fit_surface(n, d, y, form="kaplan")
+    assert fit.form == "kaplan" and su.at_bounds(fit) == []
     assert (fit.alpha, fit.beta, fit.e) == (pytest.approx(0.45, abs=0.03), pytest.approx(0.30, abs=0.03),
                                             pytest.approx(1.8, abs=0.05))
     assert fit.rmse < 0.004  # the noise is 0.003
     # the search's own residual (Nelder-Mead's scalar objective) is the returned surface's
     assert fit.rmse == pytest.approx(float(np.sqrt(np.mean((fit.loss(n, d) - y) ** 2))), rel=1e-6)
-    assert sc.fit_surface(n, d, y).rmse > 3 * fit.rmse  # the additive form cannot follow it
+    assert su.fit_surface(n, d, y).rmse > 3 * fit.rmse  # the additive form cannot follow it
     # a bootstrap replicate's quicker fit lands where a fit to the last digits does
-    quick, exact = sc.boot_fit(n, d, y, "kaplan"), sc.fit_surface(n, d, y, xatol=1e-9, maxiter=10_000, form="kaplan")
+    quick, exact = su.boot_fit(n, d, y, "kaplan"), su.fit_surface(n, d, y, xatol=1e-9, maxiter=10_000, form="kaplan")
     assert abs(quick.alpha - exact.alpha) < 1e-3 and abs(quick.beta - exact.beta) < 1e-3
     with pytest.raises(ValueError, match="form: unknown 'power'; allowed: chinchilla, kaplan"):
-        sc.fit_surface(n, d, y, form="power")
+        su.fit_surface(n, d, y, form="power")
 
 
 def test_the_report_setting_names_the_fits_forms():
     from llmlab.commands.report import SURFACES  # spelt out there so that a command's start needs no numpy
 
-    assert SURFACES == (*sc.FORMS, "auto")
+    assert SURFACES == (*su.FORMS, "auto")
 
 
 FOUR_BUDGETS = (1e14, 2e14, 5e14, 1e15)
@@ -101,14 +106,14 @@ FOUR_BUDGETS = (1e14, 2e14, 5e14, 1e15)
 def test_auto_picks_each_surfaces_own_form_by_a_nested_hold_out_that_never_sees_the_largest_budget():
     for truth in (TRUE, KAPLAN):
         cells = design(GRIDS["centred"], budgets=FOUR_BUDGETS, surface=truth)
-        chosen = sr.choose_form(cells, list(FOUR_BUDGETS))
-        other = next(f for f in sc.FORMS if f != truth.form)
+        chosen = ho.choose_form(cells, list(FOUR_BUDGETS))
+        other = next(f for f in su.FORMS if f != truth.form)
         assert (chosen["form"], chosen["fitted_on"], chosen["budget"]) == (truth.form, [1e14, 2e14], 5e14), chosen
         assert abs(chosen["errors"][truth.form]) < 0.005 and abs(chosen["errors"][other]) > 0.02, chosen
         # the largest budget is the hold-out check's: anything there leaves the choice as it was
         spoilt = [c if c.budget < 1e15 else dataclasses.replace(c, losses=tuple(v + 1 for v in c.losses)) for c in cells]
-        assert sr.choose_form(spoilt, list(FOUR_BUDGETS)) == chosen
-    three = sr.choose_form(design(GRIDS["centred"], surface=KAPLAN), list(BUDGETS))
+        assert ho.choose_form(spoilt, list(FOUR_BUDGETS)) == chosen
+    three = ho.choose_form(design(GRIDS["centred"], surface=KAPLAN), list(BUDGETS))
     assert three == {"form": "chinchilla", "why": "fewer than 4 budgets: no nested hold-out"}
 
 
@@ -131,9 +136,9 @@ def test_surface_auto_fits_each_variant_in_the_form_its_nested_hold_out_chose(tm
 
 
 def test_kaplans_closed_form_optimum_is_the_minimum_along_the_budget():
-    for flops in (SIX_N, sc.FlopsPerToken(40.0, 0.85)):
+    for flops in (SIX_N, op.FlopsPerToken(40.0, 0.85)):
         for budget in BUDGETS:
-            found = float(sc.optimum(KAPLAN, flops, budget, (1e2, 1e9))["n"])
+            found = float(op.optimum(KAPLAN, flops, budget, (1e2, 1e9))["n"])
             assert found == pytest.approx(true_optimum(KAPLAN, budget, flops), rel=1e-3)
 
 
@@ -145,58 +150,58 @@ def test_a_bootstrap_replicates_fit_is_the_full_fit_within_its_tolerance():
     rng = np.random.default_rng(1)
     for _ in range(20):
         sample = y + rng.normal(0, 0.003, len(y))
-        quick, exact = sc.boot_fit(n, d, sample), sc.fit_surface(n, d, sample, xatol=1e-9, maxiter=10_000)
+        quick, exact = su.boot_fit(n, d, sample), su.fit_surface(n, d, sample, xatol=1e-9, maxiter=10_000)
         assert abs(quick.alpha - exact.alpha) < 1e-4 and abs(quick.beta - exact.beta) < 1e-4
 
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_variable_projection_recovers_a_known_surface_with_noise(grid):
     cells = design(GRIDS[grid])
-    fit = sc.fit_surface(*columns(cells))
+    fit = su.fit_surface(*columns(cells))
     assert fit.alpha == pytest.approx(TRUE.alpha, abs=0.03)
     assert fit.beta == pytest.approx(TRUE.beta, abs=0.03)
     assert fit.e == pytest.approx(TRUE.e, abs=0.03)
     assert fit.rmse < 0.006  # the noise is 0.003
     # the fitted optimum at each budget is the true one within 10%
     for budget in BUDGETS:
-        found = sc.optimum(fit, SIX_N, budget, (1e2, 1e9))
+        found = op.optimum(fit, SIX_N, budget, (1e2, 1e9))
         assert float(found["n"]) == pytest.approx(true_optimum(TRUE, budget), rel=0.10)
-    boots, over = sc.bootstrap(cells, fit, reps=40)
+    boots, over = su.bootstrap(cells, fit, reps=40)
     assert len(boots) == 40 and over == "seeds within each cell"
-    lo, hi = sc.interval([b.alpha for b in boots])
+    lo, hi = su.interval([b.alpha for b in boots])
     assert lo <= fit.alpha <= hi and hi - lo < 0.1
 
 
 def test_a_value_the_runs_do_not_pin_down_is_reported_on_its_bound():
-    assert sc.at_bounds(sc.fit_surface(*columns(design(GRIDS["centred"])))) == []
+    assert su.at_bounds(su.fit_surface(*columns(design(GRIDS["centred"])))) == []
     # the loss falls with tokens only (the size term goes to A = 0 or to the steepest α the search
     # allows, where it vanishes over these sizes), or with size more steeply than that α
-    for surface in (sc.Surface(1.8, 0.0, 0.45, 400.0, 0.30, 0.0), sc.Surface(1.8, 1e9, 3.0, 400.0, 0.30, 0.0)):
-        fit = sc.fit_surface(*columns(design(GRIDS["centred"], surface=surface, sigma=0.0005)))
-        flagged = sc.at_bounds(fit)
+    for surface in (su.Surface(1.8, 0.0, 0.45, 400.0, 0.30, 0.0), su.Surface(1.8, 1e9, 3.0, 400.0, 0.30, 0.0)):
+        fit = su.fit_surface(*columns(design(GRIDS["centred"], surface=surface, sigma=0.0005)))
+        flagged = su.at_bounds(fit)
         assert flagged and all(f == "A = 0" or f == "α = 2 (the search's upper end)" for f in flagged), (fit, flagged)
         assert fit.beta == pytest.approx(0.30, abs=0.02)  # what the runs do pin down is still found
 
 
 def test_one_seed_per_cell_bootstraps_the_residuals():
     cells = design(GRIDS["centred"], seeds=1)
-    fit = sc.fit_surface(*columns(cells))
-    boots, over = sc.bootstrap(cells, fit, reps=10)
+    fit = su.fit_surface(*columns(cells))
+    boots, over = su.bootstrap(cells, fit, reps=10)
     assert over.startswith("residuals") and len(boots) == 10
     assert len({round(b.alpha, 6) for b in boots}) > 1  # the replicates differ
 
 
 def test_the_closed_form_optimum_is_the_minimum_along_the_budget():
     # with F = 6N it is Chinchilla's N_opt = G (C/6)^(beta/(alpha+beta)); with any power law, the brute-force minimum
-    for flops in (SIX_N, sc.FlopsPerToken(40.0, 0.85)):
+    for flops in (SIX_N, op.FlopsPerToken(40.0, 0.85)):
         for budget in BUDGETS:
-            found = float(sc.optimum(TRUE, flops, budget, (1e2, 1e9))["n"])
+            found = float(op.optimum(TRUE, flops, budget, (1e2, 1e9))["n"])
             assert found == pytest.approx(true_optimum(TRUE, budget, flops), rel=1e-3)
     g = (TRUE.alpha * TRUE.a / (TRUE.beta * TRUE.b)) ** (1 / (TRUE.alpha + TRUE.beta))
     chinchilla = g * (1e15 / 6) ** (TRUE.beta / (TRUE.alpha + TRUE.beta))
-    assert float(sc.optimum(TRUE, SIX_N, 1e15, (1e2, 1e9))["n"]) == pytest.approx(chinchilla, rel=1e-9)
+    assert float(op.optimum(TRUE, SIX_N, 1e15, (1e2, 1e9))["n"]) == pytest.approx(chinchilla, rel=1e-9)
     # an optimum beyond the bounds is clipped and says so
-    edge = sc.optimum(TRUE, SIX_N, 1e15, (1e2, chinchilla / 10))
+    edge = op.optimum(TRUE, SIX_N, 1e15, (1e2, chinchilla / 10))
     assert bool(edge["at_edge"]) and float(edge["n"]) == pytest.approx(chinchilla / 10)
 
 
@@ -206,25 +211,25 @@ def test_the_isoflop_parabola_is_biased_on_an_off_centre_grid_and_that_grid_is_f
         errors[grid] = []
         for budget in BUDGETS:
             n = np.asarray(sizes)
-            vertex = sc.isoflop(n, TRUE.loss(n, budget / SIX_N(n)))  # noiseless: only the method's bias
+            vertex = op.isoflop(n, TRUE.loss(n, budget / SIX_N(n)))  # noiseless: only the method's bias
             best = true_optimum(TRUE, budget)
             errors[grid].append(abs(math.log(vertex["n"] / best)))
-            assert sc.off_centre(sc.grid_position(best, sizes)) == (grid == "off-centre")
+            assert op.off_centre(op.grid_position(best, sizes)) == (grid == "off-centre")
     # off-centre: the vertex misses by more than 30%; centred, within 15% (alpha != beta still biases it a little)
     assert min(errors["off-centre"]) > math.log(1.3)
     assert max(errors["centred"]) < math.log(1.15)
 
 
 def test_crossing_of_two_optimal_loss_curves():
-    first = lambda c: sc.optimum(TRUE, SIX_N, c, (1e2, 1e9))["loss"]  # noqa: E731
-    second = lambda c: sc.optimum(OTHER, SIX_N, c, (1e2, 1e9))["loss"]  # noqa: E731
-    at = sc.crossing(first, second, 1e12, 1e20)
+    first = lambda c: op.optimum(TRUE, SIX_N, c, (1e2, 1e9))["loss"]  # noqa: E731
+    second = lambda c: op.optimum(OTHER, SIX_N, c, (1e2, 1e9))["loss"]  # noqa: E731
+    at = op.crossing(first, second, 1e12, 1e20)
     c = np.logspace(12, 20, 400_001)
     diff = first(c) - second(c)
     assert diff[0] < 0 < diff[-1]  # the first variant ahead at the smallest budget, the second at the largest
     brute = c[np.argmax(diff > 0)]
     assert 1e13 < at < 1e19 and at == pytest.approx(brute, rel=1e-3)
-    assert sc.crossing(first, first, 1e12, 1e20) is None
+    assert op.crossing(first, first, 1e12, 1e20) is None
 
 
 # -- the report on run directories ------------------------------------------------------------
@@ -233,7 +238,7 @@ SURFACES = {"mha": TRUE, "mla": OTHER}
 
 
 def fake_sweep(root: Path, sizes=tuple(MIDDLE * np.array([0.3, 1, 3])), lrs=(None,), seeds=(0, 1), sigma=0.002,
-               surfaces: dict[str, sc.Surface] = SURFACES, budgets=BUDGETS) -> Path:
+               surfaces: dict[str, su.Surface] = SURFACES, budgets=BUDGETS) -> Path:
     """Run directories as a sweep leaves them: overrides and summary.json, the losses drawn
     from a known surface per variant (and, with an lr axis, worse away from lr 3e-3)."""
     rng = np.random.default_rng(0)
@@ -279,8 +284,8 @@ def test_report_writes_the_scaling_tables_and_figure(full_report):
         lo, hi = b["loss_opt_ci"]
         assert lo <= b["loss_opt"] <= hi
     # the two true curves cross at a known budget; the report finds it, with an interval
-    truth = sc.crossing(lambda c: sc.optimum(TRUE, SIX_N, c, (1e2, 1e9))["loss"],
-                        lambda c: sc.optimum(OTHER, SIX_N, c, (1e2, 1e9))["loss"], 1e12, 1e20)
+    truth = op.crossing(lambda c: op.optimum(TRUE, SIX_N, c, (1e2, 1e9))["loss"],
+                        lambda c: op.optimum(OTHER, SIX_N, c, (1e2, 1e9))["loss"], 1e12, 1e20)
     (cross,) = section["crossings"]
     assert cross["budget"] == pytest.approx(truth, rel=0.5) and cross["ci"] is not None
     assert cross["extrapolated"] == (not BUDGETS[0] <= cross["budget"] <= BUDGETS[-1])
@@ -316,7 +321,7 @@ def test_a_grid_whose_best_size_is_an_end_is_flagged_though_the_fits_optimum_is_
     (v,) = result["scaling"]["variants"].values()
     there = v["per_budget"][1]
     assert [b["best_at_end"] for b in v["per_budget"]] == [None, "largest", None]
-    assert there["isoflop"]["position"] is None and not sc.off_centre(there["optimum_position"])  # both central
+    assert there["isoflop"]["position"] is None and not op.off_centre(there["optimum_position"])  # both central
     assert there["isoflop_off_centre"]
     assert "| off-centre ⚠ (best: the largest size) |" in (tmp_path / "out" / "report.md").read_text()
 
@@ -382,7 +387,7 @@ def test_select_best_lr_without_an_lr_axis_names_the_setting(tmp_path):
 
 def test_budgets_are_read_as_train_reads_them(tmp_path):
     from llmlab.eval.runs import Run
-    from llmlab.eval.scaling_report import cells_of
+    from llmlab.study.design import cells_of
 
     summary = {"val_loss": 4.0, "params_non_embedding": 1000, "tokens": 5000, "flops_per_token": 6000}
     runs = [Run(tmp_path / str(i), summary, [f"train.max_flops={b}", f"seed={i}"], i, [])
@@ -399,7 +404,7 @@ def test_size_measured_as_flops_per_token_counts_what_parameters_leave_out(tmp_p
     """``scaling.size=flops``: N is the training FLOPs per token over 6 (attention and head
     counted), in the cells, the fit's section and its words; a value outside the two is one line."""
     from llmlab.eval.runs import Run
-    from llmlab.eval.scaling_report import cells_of
+    from llmlab.study.design import cells_of
 
     summary = {"val_loss": 4.0, "params_non_embedding": 1000, "tokens": 5000, "flops_per_token": 7200}
     (cell,) = cells_of([Run(tmp_path / "r", summary, ["train.max_flops=3e10"], 0, [])], "flops")
@@ -480,7 +485,7 @@ def test_bench_holdout_forms_rebuilds_a_reports_cells(full_report):
     report, out = full_report
     rebuilt = cells(json.loads((out / "report.json").read_text()))
     runs = find_runs([out.parent / "sweep"])
-    fitted = {label: sr.cells_of(rs) for label, rs in sr.variants(runs, set()).items()}
+    fitted = {label: de.cells_of(rs) for label, rs in de.variants(runs, set()).items()}
     assert set(rebuilt) == set(fitted) == set(report["scaling"]["variants"])
     for label, ours in rebuilt.items():
         key = lambda c: (c.budget, c.n)  # noqa: E731
@@ -546,7 +551,7 @@ def test_the_next_grid_centres_a_known_optimum(tmp_path, few_replicates):
     assert md.count("llmlab train -m model.n_layers=2 model.d_model=") == len(BUDGETS)
     # four sizes a budget (bench.isoflop --points 4): the optimum between the middle two
     from llmlab.eval.runs import find_runs
-    from llmlab.eval.scaling_report import scaling_section
+    from llmlab.study.section import scaling_section
 
     (four,) = scaling_section(find_runs([tmp_path / "sweep"]), reps=10, points=4)["next_grid"].values()
     for g in four:
@@ -566,7 +571,7 @@ def test_a_swept_size_is_said_once_not_flagged_on_every_row(tmp_path, few_replic
 
 def test_an_optimum_below_the_smallest_step_gets_the_smallest_legal_sizes(tmp_path):
     from llmlab.eval.runs import Run
-    from llmlab.eval.scaling_report import next_grid
+    from llmlab.study.design import next_grid
 
     runs = [Run(tmp_path / str(w), {"params_non_embedding": 24 * w * w}, [f"model.d_model={w}", "train.max_flops=1e14"],
                 0, []) for w in (32, 64, 128)]
@@ -579,7 +584,7 @@ def test_an_optimum_below_the_smallest_step_gets_the_smallest_legal_sizes(tmp_pa
 # -- the frontier: the best loss per budget, a power law in C --------------------------------
 
 # no floor: along its optimum, L*(C) is an exact power law in C with gamma = alpha beta / (alpha + beta)
-NO_FLOOR = sc.Surface(e=0.0, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0)
+NO_FLOOR = su.Surface(e=0.0, a=300.0, alpha=0.45, b=400.0, beta=0.30, rmse=0.0)
 FRONTIER_BUDGETS = (1e14, 3e14, 1e15, 3e15)
 
 
@@ -588,7 +593,7 @@ def _star(budget: float) -> float:
     return true_optimum(NO_FLOOR, budget)
 
 
-def centred_design(seed=0, sigma=0.002, seeds=2, offset=0.0) -> list[sc.Cell]:
+def centred_design(seed=0, sigma=0.002, seeds=2, offset=0.0) -> list[su.Cell]:
     """NO_FLOOR's runs at three sizes per budget, a factor 3 apart around the true optimum;
     ``offset`` added to the largest budget's losses (a planted miss)."""
     rng = np.random.default_rng(seed)
@@ -598,17 +603,17 @@ def centred_design(seed=0, sigma=0.002, seeds=2, offset=0.0) -> list[sc.Cell]:
             d = budget / SIX_N(n)
             shift = offset if budget == FRONTIER_BUDGETS[-1] else 0.0
             losses = tuple(float(NO_FLOOR.loss(n, d) + shift + rng.normal(0, sigma)) for _ in range(seeds))
-            cells.append(sc.Cell(float(n), float(d), float(budget), float(SIX_N(n)), float(budget), losses))
+            cells.append(su.Cell(float(n), float(d), float(budget), float(SIX_N(n)), float(budget), losses))
     return cells
 
 
 def test_the_frontier_of_a_surface_without_a_floor_is_its_power_law_and_predicts_the_held_out_budget():
-    fit, best = sc.frontier_of(centred_design(sigma=0.0))
+    fit, best = fr.frontier_of(centred_design(sigma=0.0))
     assert sorted(best) == list(FRONTIER_BUDGETS)
     assert fit.gamma == pytest.approx(0.45 * 0.30 / 0.75, rel=1e-6)
     # with seed noise, over 80 studies: the prediction near the truth, the 95% interval calibrated
     # (200 studies gave 95.5%; a binomial's 95% on 80 spans about 0.9 to 1)
-    held = [sr.frontier_holdout(centred_design(seed), list(FRONTIER_BUDGETS), sc.BOOTSTRAPS) for seed in range(80)]
+    held = [ho.frontier_holdout(centred_design(seed), list(FRONTIER_BUDGETS), su.BOOTSTRAPS) for seed in range(80)]
     for h, seed in zip(held, range(80)):
         cells = centred_design(seed)
         assert h["observed"] == min(np.mean(c.losses) for c in cells if c.budget == FRONTIER_BUDGETS[-1])
@@ -619,7 +624,7 @@ def test_the_frontier_of_a_surface_without_a_floor_is_its_power_law_and_predicts
 
 def test_a_planted_miss_is_outside_the_frontiers_interval_on_the_side_it_was_planted():
     for offset, sign in ((0.05, 1), (-0.05, -1)):
-        h = sr.frontier_holdout(centred_design(offset=offset), list(FRONTIER_BUDGETS), 200)
+        h = ho.frontier_holdout(centred_design(offset=offset), list(FRONTIER_BUDGETS), 200)
         assert not h["within_interval"] and np.sign(h["error"]) == sign, h
 
 
@@ -629,26 +634,26 @@ def test_a_budget_whose_sizes_do_not_bracket_its_optimum_is_no_frontier_point():
     # that budget's largest size made the best: its optimum lies past the grid
     cells = [dataclasses.replace(c, losses=tuple(v - 1.0 for v in c.losses))
              if c.budget == low and c.n == max(x.n for x in cells if x.budget == low) else c for c in cells]
-    _, best = sc.frontier_of(cells)
+    _, best = fr.frontier_of(cells)
     assert low not in best and len(best) == len(FRONTIER_BUDGETS) - 1
     two = [c for c in cells if c.budget in FRONTIER_BUDGETS[1:3]]
     with pytest.raises(ValueError, match="at least 2 budgets whose sizes bracket their optimum"):
-        sc.frontier_of(two)
+        fr.frontier_of(two)
     # the report lists the budget it left out, and says why a variant has no frontier at all
-    front = sr.frontier_section({"kept": cells, "gone": two}, (FRONTIER_BUDGETS[0], FRONTIER_BUDGETS[-1]), 20)
+    front = se.frontier_section({"kept": cells, "gone": two}, (FRONTIER_BUDGETS[0], FRONTIER_BUDGETS[-1]), 20)
     assert front["variants"]["kept"]["not_bracketed"] == [low]
     assert front["variants"]["gone"] == {"why": "a frontier needs at least 2 budgets whose sizes bracket their optimum"}
-    text = "\n".join(sr.frontier_markdown(front))
+    text = "\n".join(md.frontier_markdown(front))
     assert "left out, their sizes do not bracket the optimum: 3e+14" in text
     assert "| gone | n/a: a frontier needs at least 2 budgets" in text and front["crossings"] == []
 
 
 def test_a_loss_that_does_not_fall_with_the_budget_has_no_c_c_and_no_overflow():
-    flat = sc.fit_frontier([1e12, 1e13], [3.0, 3.0])
+    flat = fr.fit_frontier([1e12, 1e13], [3.0, 3.0])
     assert flat.gamma == pytest.approx(0.0, abs=1e-12) and flat.c_c is None
-    assert sc.fit_frontier([1e12, 1e13], [3.0, 3.3]).c_c is None  # rising
-    assert sc.Frontier(log_g=5.0, gamma=1e-4).c_c is None  # e^50000: past a float
-    assert sc.Frontier(log_g=1.0, gamma=0.1).c_c == pytest.approx(math.exp(10.0))
+    assert fr.fit_frontier([1e12, 1e13], [3.0, 3.3]).c_c is None  # rising
+    assert fr.Frontier(log_g=5.0, gamma=1e-4).c_c is None  # e^50000: past a float
+    assert fr.Frontier(log_g=1.0, gamma=0.1).c_c == pytest.approx(math.exp(10.0))
 
 
 def test_the_report_gives_the_frontier_its_crossing_and_flags_a_floor_it_cannot_see(full_report):
@@ -659,7 +664,7 @@ def test_the_report_gives_the_frontier_its_crossing_and_flags_a_floor_it_cannot_
         lo, hi = v["gamma_ci"]
         assert lo <= v["gamma"] <= hi and [p["budget"] for p in v["best"]] == list(BUDGETS)
     (cross,) = front["crossings"]
-    mha, mla = (sc.Frontier(v["log_g"], v["gamma"]) for v in front["variants"].values())
+    mha, mla = (fr.Frontier(v["log_g"], v["gamma"]) for v in front["variants"].values())
     assert mha.c_c == pytest.approx(front["variants"]["model/attention=mha"]["c_c"])
     assert mha.loss(cross["budget"]) == pytest.approx(mla.loss(cross["budget"]), rel=1e-9)
     lo, hi = cross["ci"]
@@ -683,7 +688,7 @@ def test_the_optimum_and_next_grid_at_a_budget_not_run(tmp_path, few_replicates)
     from llmlab.eval.runs import find_runs
 
     fake_sweep(tmp_path / "sweep", surfaces={"mha": TRUE})
-    section = sr.scaling_section(find_runs([tmp_path / "sweep"]), at_budgets=[3e15], points=3)
+    section = se.scaling_section(find_runs([tmp_path / "sweep"]), at_budgets=[3e15], points=3)
     ((b,),) = (v["per_budget"] for v in section["variants"].values())
     assert b["budget"] == 3e15 and b["sizes"] == [] and b["best_at_end"] is None and not b["isoflop_off_centre"]
     assert b["n_opt"] == pytest.approx(true_optimum(TRUE, 3e15), rel=0.15)
@@ -713,10 +718,10 @@ def test_the_frontiers_seed_interval_takes_each_budgets_own_noise():
     # the smallest budget's seeds spread 30x wider than the others' (short runs are noisy): its
     # noise still moves the fitted slope, but is not lent to the other budgets nor to the held-out
     # mean (one spread pooled over every budget made this interval 14x the quiet one; now about 5x)
-    quiet = sr.frontier_holdout(centred_design(sigma=0.002, seeds=3), list(FRONTIER_BUDGETS), 200)
+    quiet = ho.frontier_holdout(centred_design(sigma=0.002, seeds=3), list(FRONTIER_BUDGETS), 200)
     rng = np.random.default_rng(5)
     noisy = [dataclasses.replace(c, losses=tuple(v + rng.normal(0, 0.06) for v in c.losses))
              if c.budget == FRONTIER_BUDGETS[0] else c for c in centred_design(sigma=0.002, seeds=3)]
-    h = sr.frontier_holdout(noisy, list(FRONTIER_BUDGETS), 200)
+    h = ho.frontier_holdout(noisy, list(FRONTIER_BUDGETS), 200)
     width = [(x["seed_interval"][1] - x["seed_interval"][0]) / x["predicted"] for x in (quiet, h)]
     assert width[1] < 8 * width[0], width

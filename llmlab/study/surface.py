@@ -1,4 +1,4 @@
-"""Scaling fits: which variant wins at which compute budget.
+"""The loss surface L(N, D) of a variant's runs: which form, how it is fitted, how sure.
 
 A sweep over budgets (``train.max_flops``) and sizes (``model.*``) gives each variant final
 losses L at (N, D), N the non-embedding parameters and D the training tokens. Over all of a
@@ -23,49 +23,52 @@ scale) linear.
 
 Uncertainty comes from a bootstrap over seeds (each cell of the design draws its seeds with
 replacement), or over the residuals when every cell has one seed.
-
-The compute-optimal size for a budget C minimises L(N, C / F(N)), where F(N) is the training
-FLOPs per token, a power law k * N^gamma fitted to the runs' model cards (so C is counted in
-the FLOPs that ``train.max_flops`` counts); with F = 6N this is Chinchilla's closed form.
-
-A second, independent route to the compute-optimal loss is the frontier: the lowest loss run
-at each budget, against the budget, fitted by a power law in C with no floor (Kaplan et al.
-2020's L(C_min) = (C_c / C)^gamma; a line in log-log). It assumes no floor is within reach of
-the budgets, where the surface assumes the additive form: the hold-out check asks both to
-predict the largest budget, so the runs say which assumption holds.
-
-Beside it, Chinchilla's second approach as a cross-check: at each budget a parabola in log N
-through the losses, whose vertex is that budget's optimum. It is biased when the sizes are
-not centred on the optimum or when alpha != beta (Czech et al. 2026, "Problems with
-Chinchilla Approach 2"), so a grid whose optimum lies off its centre is flagged.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
+
 EXPONENTS = (0.02, 2.0)  # the search range of alpha and beta
+
+
 GRID = 40  # grid points per exponent for a fit
+
+
 FORMS = ("chinchilla", "kaplan")  # the surface's form (see the module's docstring)
+
+
 # Kaplan's form: rho, the log of the token term's weight against the size term's at the runs'
 # geometric mean, is searched in this range (a fit at its end has one term only)
 MIX = (-12.0, 12.0)
+
+
 MIX_GRID = 25
+
+
 BOOT_GRID = 12  # a coarser grid for each bootstrap replicate
+
+
 # ... refined to a coarser tolerance: with few points the surface is flat along some direction,
 # and Nelder-Mead at the main fit's 1e-6 spent its 2,000 iterations on most replicates (20 s
 # of a 6-run sweep's report), for exponents that differ below the interval's own width
 BOOT_XATOL, BOOT_MAXITER = 1e-4, 300
+
+
 # ... and Nelder-Mead stops there: it ends when its simplex is within xatol AND its losses agree
 # within fatol, and an absolute 1e-16 kept it shrinking to ~1e-10 (110 evaluations a replicate);
 # losses that agree to 1e-7 of their size end it at 52, the exponents within 5e-5 of an exact fit
 BOOT_FRTOL = 1e-7
+
+
 BOOTSTRAPS = 200
-CENTRE = (0.25, 0.75)  # an optimum outside this share of the size grid's log span is off-centre
+
+
 LEVEL = 0.95
 
 
@@ -238,49 +241,6 @@ def _fit_kaplan(ln: np.ndarray, ld: np.ndarray, y: np.ndarray, n0: float, d0: fl
 
 
 @dataclass(frozen=True)
-class FlopsPerToken:
-    """Training FLOPs per token as a function of non-embedding parameters: k * N^gamma, fitted
-    to the model cards (the LM head, attention and embeddings make it other than 6N)."""
-
-    k: float
-    gamma: float
-
-    @classmethod
-    def fit(cls, n: Sequence[float], fpt: Sequence[float]) -> "FlopsPerToken":
-        ln, lf = np.log(np.asarray(n, float)), np.log(np.asarray(fpt, float))
-        if len(np.unique(ln)) < 2:
-            return cls(float(np.exp(lf.mean() - ln.mean())), 1.0)
-        gamma, logk = np.polyfit(ln, lf, 1)
-        return cls(float(np.exp(logk)), float(gamma))
-
-    def __call__(self, n):
-        return self.k * np.power(n, self.gamma)
-
-
-def optimum(s: Surface, f: FlopsPerToken, budget, bounds: tuple[float, float]) -> dict:
-    """The compute-optimal non-embedding size, tokens and loss at ``budget`` FLOPs (arrays
-    for an array of budgets), from dL/dN = 0 along D = C / F(N):
-    N^(alpha + gamma beta) = alpha A (C/k)^beta / (gamma beta B). Clipped to ``bounds``; ``at_edge``
-    says where the clip decided it (the surface has no optimum inside them)."""
-    c = np.asarray(budget, dtype=float)
-    lo, hi = bounds
-    if s.a <= 0:  # size does not help: the smallest
-        n = np.full_like(c, lo)
-    elif s.b <= 0:  # tokens do not help: the largest
-        n = np.full_like(c, hi)
-    elif s.form == "kaplan":  # the inside, a N^-(alpha/beta) + b k N^gamma / C, at its minimum (in logs)
-        p = s.alpha / s.beta
-        log_ratio = (math.log(s.a) - math.log(s.b)) / s.beta  # log(a / b), a = A^(1/beta), b = B^(1/beta)
-        n = np.exp((math.log(p) + log_ratio + np.log(c) - math.log(f.gamma * f.k)) / (p + f.gamma))
-    else:
-        power = s.alpha + f.gamma * s.beta
-        n = (s.alpha * s.a * (c / f.k) ** s.beta / (f.gamma * s.beta * s.b)) ** (1.0 / power)
-    clipped = np.clip(n, lo, hi)
-    d = c / f(clipped)
-    return {"n": clipped, "d": d, "loss": s.loss(clipped, d), "at_edge": ~np.isclose(clipped, n, rtol=1e-9)}
-
-
-@dataclass(frozen=True)
 class Cell:
     """One point of the design (a size at a budget) with its runs, one loss per seed."""
 
@@ -333,43 +293,6 @@ def interval(values, level: float = LEVEL) -> tuple[float, float] | None:
     return float(np.quantile(values, q)), float(np.quantile(values, 1 - q))
 
 
-def isoflop(sizes: Sequence[float], losses: Sequence[float]) -> dict | None:
-    """Chinchilla's second approach at one budget: a parabola in log N through the (mean)
-    losses of at least three sizes. Its vertex, and where it lies in the grid's log span (0 at
-    the smallest size, 1 at the largest)."""
-    x, y = np.log(np.asarray(sizes, float)), np.asarray(losses, float)
-    if len(np.unique(x)) < 3:
-        return None
-    curve, slope, _ = np.polyfit(x, y, 2)
-    if curve <= 0:
-        return {"n": None, "loss": None, "position": None, "why": "the losses are not convex in log N: no vertex"}
-    u = -slope / (2 * curve)
-    return {"n": float(np.exp(u)), "loss": float(np.polyval(np.polyfit(x, y, 2), u)),
-            "position": float((u - x.min()) / (x.max() - x.min())), "why": None}
-
-
-def grid_position(n_opt: float, sizes: Sequence[float]) -> float:
-    x = np.log(np.asarray(sizes, float))
-    return float((np.log(n_opt) - x.min()) / (x.max() - x.min()))
-
-
-def off_centre(position: float | None) -> bool:
-    return position is not None and not CENTRE[0] <= position <= CENTRE[1]
-
-
-def crossing(first: Callable, second: Callable, lo: float, hi: float, points: int = 200) -> float | None:
-    """The lowest budget in [lo, hi] where two loss-vs-compute curves cross, or None."""
-    from scipy.optimize import brentq
-
-    u = np.linspace(np.log(lo), np.log(hi), points)
-    diff = first(np.exp(u)) - second(np.exp(u))
-    change = np.nonzero(np.sign(diff[:-1]) * np.sign(diff[1:]) < 0)[0]
-    if len(change) == 0:
-        return None
-    k = change[0]
-    return float(np.exp(brentq(lambda v: float(first(np.exp(v)) - second(np.exp(v))), u[k], u[k + 1])))
-
-
 def at_bounds(s: Surface) -> list[str]:
     """The fitted values that sit on a bound of the search (an exponent at an end of
     ``EXPONENTS``, a coefficient at 0, Kaplan's mix at an end of ``MIX``): there the runs do not pin the value down, and what
@@ -383,91 +306,3 @@ def at_bounds(s: Surface) -> list[str]:
 
 def surface_dict(s: Surface) -> dict:
     return {**asdict(s), "at_bounds": at_bounds(s)}
-
-
-# -- the frontier: the best loss per budget, a power law in C ----------------------------------
-
-@dataclass
-class Frontier:
-    """L*(C) = (c_c / C)^gamma, fitted in logs (``log_g`` = gamma * ln c_c) to the lowest loss
-    run at each budget."""
-
-    log_g: float
-    gamma: float
-
-    def loss(self, c):
-        return np.exp(self.log_g - self.gamma * np.log(np.asarray(c, float)))
-
-    @property
-    def c_c(self) -> float | None:
-        """The budget where the law reaches a loss of 1; None where the loss does not fall with
-        the budget, or where that budget is past a float's range."""
-        if self.gamma <= 0 or self.log_g / self.gamma > 700:
-            return None
-        return math.exp(self.log_g / self.gamma)
-
-
-def best_cells(cells: Sequence[Cell], means: Sequence[float] | None = None) -> dict[float, int]:
-    """Per budget whose optimum the sizes bracket, the index of its cell with the lowest mean
-    loss (or lowest of ``means``). A budget of fewer than 3 sizes, or whose best is its smallest
-    or largest size, has not seen its optimum, so its best is no point of the frontier."""
-    means = [float(np.mean(c.losses)) for c in cells] if means is None else list(means)
-    by: dict[float, list[int]] = {}
-    for i, c in enumerate(cells):
-        by.setdefault(next((b for b in by if np.isclose(b, c.budget)), c.budget), []).append(i)
-    best = {}
-    for budget, members in by.items():
-        sizes = sorted({cells[i].n for i in members})
-        i = min(members, key=lambda j: means[j])
-        if len(sizes) >= 3 and grid_end(sizes, cells[i].n) is None:
-            best[budget] = i
-    return best
-
-
-def grid_end(sizes: Sequence[float], n: float) -> str | None:
-    """"smallest" or "largest" where ``n`` is that end of a grid of 3 sizes or more (the grid
-    did not bracket its optimum), else None."""
-    if len(sizes) < 3:
-        return None
-    return "smallest" if n == min(sizes) else "largest" if n == max(sizes) else None
-
-
-def fit_frontier(budgets: Sequence[float], losses: Sequence[float]) -> Frontier:
-    """A line through (ln C, ln L*) by least squares. Needs two budgets or more."""
-    x, y = np.log(np.asarray(budgets, float)), np.log(np.asarray(losses, float))
-    if len(np.unique(x)) < 2:
-        raise ValueError("a frontier needs at least 2 budgets whose sizes bracket their optimum")
-    slope, intercept = np.polyfit(x, y, 1)
-    return Frontier(float(intercept), float(-slope))
-
-
-def frontier_of(cells: Sequence[Cell], means: Sequence[float] | None = None) -> tuple[Frontier, dict[float, int]]:
-    """The frontier fitted to the cells' best loss per budget, and which cell that was."""
-    means = [float(np.mean(c.losses)) for c in cells] if means is None else list(means)
-    best = best_cells(cells, means)
-    budgets = sorted(best)
-    return fit_frontier(budgets, [means[best[b]] for b in budgets]), best
-
-
-def frontier_bootstrap(cells: Sequence[Cell], reps: int = BOOTSTRAPS, seed: int = 0) -> list[Frontier]:
-    """Frontiers refitted with each cell's seeds drawn with replacement (the best cell of a
-    budget is chosen anew in each replicate, so its selection is part of the spread). Empty
-    where every cell has one seed: nothing to resample."""
-    if all(len(c.losses) == 1 for c in cells):
-        return []
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(reps):
-        try:
-            out.append(frontier_of(cells, [float(np.mean(rng.choice(c.losses, len(c.losses)))) for c in cells])[0])
-        except ValueError:  # in this draw fewer budgets bracket their optimum
-            continue
-    return out
-
-
-def frontier_crossing(first: Frontier, second: Frontier) -> float | None:
-    """The budget where two frontiers cross (two lines in log-log), or None if parallel."""
-    if np.isclose(first.gamma, second.gamma, rtol=0, atol=1e-12):
-        return None
-    u = (first.log_g - second.log_g) / (first.gamma - second.gamma)
-    return float(math.exp(u)) if abs(u) < 700 else None

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from llmlab.eval import calibration as cal
-from llmlab.eval import scaling as sc
+from llmlab.study import calibration as cal
+from llmlab.study import frontier as fr
 
 
 def frontier_fit(budgets, losses):
-    return sc.fit_frontier(budgets, losses).loss
+    return fr.fit_frontier(budgets, losses).loss
 
 
 def test_a_law_that_holds_has_no_leave_one_out_error_and_keeps_the_seed_interval():

@@ -22,6 +22,7 @@ The decisions (`order`, `size_steps`): which variant is predicted lower at the h
 and whether the interval of the gap excludes 0 (a decided order), and where the predicted
 compute-optimal size falls on the held-out budget's grid of sizes, in grid steps from the size
 observed best.
+
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import math
 from typing import Callable, Sequence
 
 import numpy as np
+
 
 Z95 = 1.959964  # the two-sided 95% point of the normal
 

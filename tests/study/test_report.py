@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from llmlab.errors import UserError
-from llmlab.eval.report import build_report, curves, markdown
 from llmlab.eval.runs import find_runs
+from llmlab.study.report import build_report, curves, markdown
 from tests.conftest import run_cli
 
 FINAL = {"mha": [3.00, 3.10, 3.20], "mqa": [3.10, 3.30, 3.25]}

@@ -5,10 +5,10 @@ at a token count every run reached (matched tokens), the cost card (parameters, 
 KV-cache bytes/token) and speed (training and decode tokens/s). Each group is then compared
 with a baseline group, paired by seed: the mean difference, with paired t-test and sign-test
 p-values from 3 seeds on. One PNG overlays the validation curves, mean over seeds with the
-min-max band. The grouping, the statistics and the writers of report.md/json share one module,
-since each table is computed where it is written. A sweep with a budget axis and a size axis
-also gets a scaling section (`llmlab.eval.scaling_report`), and ``select=best_lr`` keeps each
+min-max band. The grouping and the statistics are here, the tables' words in `tables`. A sweep with a budget axis and a size axis
+also gets a scaling section (`llmlab.study.section`), and ``select=best_lr`` keeps each
 cell's best learning rate before anything is compared.
+
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from llmlab.errors import UserError
-from llmlab.eval.runs import Group, Run, find_runs, group_runs, read_overrides, some_of
+from llmlab.eval.runs import Group, Run, find_runs, group_runs, read_overrides
 from llmlab.eval.stats import mean_ci, paired_t_test, sign_test
 from llmlab.files import atomic_write_text, own_dir
-
-MIN_SEEDS_FOR_TESTS = 3
+from llmlab.study import design as de
+from llmlab.study import markdown as md
+from llmlab.study import section as se
+from llmlab.study.design import axes, override_key
+from llmlab.study.tables import (COLUMNS, COMPARE_COLUMNS, MIN_SEEDS_FOR_TESTS, compare_rows, fmt_num, notes, plural,
+                                  table_rows)
 
 
 def interpolate(curve: list[tuple[float, float]], tokens: float) -> float | None:
@@ -82,8 +86,6 @@ SIZE_SHARE = 0.05
 def swept_sizes(groups: list[Group]) -> dict[str, tuple[str, ...]]:
     """Per group label: its values of the size settings (``model.*``) that vary over the
     groups (the scaling section's size axes); empty when no size is swept."""
-    from llmlab.eval.scaling_report import axes, override_key
-
     swept, _ = axes([g.runs[0] for g in groups])
     if not swept:
         return {}
@@ -193,81 +195,6 @@ def compare(group: Group, base: Group) -> dict:
             "t_test_p": paired_t_test(a, b) if enough else None, "sign_test_p": sign_test(a, b) if enough else None}
 
 
-# -- rendering -----------------------------------------------------------------------------
-
-def _pm(mean, half, digits=4) -> str:
-    if mean is None:
-        return "n/a"
-    return f"{mean:.{digits}f}" + (f" ± {half:.{digits}f}" if half is not None else "")
-
-
-def _num(v, fmt="{:,.0f}") -> str:
-    return "n/a" if v is None else fmt.format(v)
-
-
-def _p(v) -> str:
-    return f"n<{MIN_SEEDS_FOR_TESTS}" if v is None else f"{v:.3g}"
-
-
-COLUMNS = ("group", "seeds", "val loss (95% CI)", "val loss @ matched tokens", "params", "MFLOPs/token",
-           "KV B/token", "train tok/s", "decode tok/s")
-COMPARE_COLUMNS = ("group", "pairs", "Δ val loss vs baseline (95% CI)", "better / worse", "paired t p", "sign test p")
-
-
-def _speed(row: dict, name: str) -> str:
-    """``3,105 ±4%``, with ``*`` where it was timed under contention."""
-    value = row.get(name)
-    if value is None:
-        return "n/a"
-    spread = row.get(f"{name}_spread")
-    return (f"{value:,.0f}" + (f" ±{spread:.0%}" if spread else "")
-            + (" *" if row.get(f"{name}_contended") else ""))
-
-
-def table_rows(report: dict) -> list[list[str]]:
-    return [[r["group"] + (" †" if r.get("caveats") else "") + (" ‡" if r.get("size_differs") else ""), _seeds(r), _pm(r["val_loss_mean"], r["val_loss_ci95"]),
-             _pm(r["val_loss_at_matched_mean"], r["val_loss_at_matched_ci95"]), _num(r["params"]),
-             _num(None if r["flops_per_token"] is None else r["flops_per_token"] / 1e6, "{:,.2f}"),
-             _num(r["kv_cache_bytes_per_token"]), _speed(r, "train_tokens_per_s"), _speed(r, "decode_tokens_per_s")]
-            for r in report["groups"]]
-
-
-def _seeds(row: dict) -> str:
-    """A group's runs, and how many of them the loss columns stand on where not all."""
-    n, with_loss = row["seeds"], len(row["val_loss_values"])
-    return str(n) if with_loss == n else f"{n} ({with_loss} with a val loss)"
-
-
-def compare_rows(report: dict) -> list[list[str]]:
-    return [[c["group"], str(c["pairs"]), _pm(c["diff_mean"], c["diff_ci95"]), f"{c['better']} / {c['worse']}",
-             _p(c["t_test_p"]), _p(c["sign_test_p"])] for c in report["comparisons"]]
-
-
-def notes(report: dict) -> list[str]:
-    """What the tables cannot be taken at face value for: † caveats of a variant at its size,
-    ‡ size differences, speeds that cannot be compared, and runs the loss figures leave out."""
-    out = [f"† {r['group']}: {c}" for r in report["groups"] for c in r.get("caveats") or []]
-    if report.get("size_note"):
-        flagged = any(r.get("size_differs") for r in report["groups"])
-        out.append(("‡ " if flagged else "") + report["size_note"])
-    if report.get("speed_note"):
-        out.append(report["speed_note"])
-    from llmlab.eval.scaling_report import lr_edge_note
-
-    if (edge := lr_edge_note(report.get("lr_choices") or [])):
-        out.append(edge)
-    if report.get("no_loss"):
-        gone = report["no_loss"]
-        out.append(f"{len(gone)} run{'s' if len(gone) > 1 else ''} without a val_loss in summary.json (no evaluation "
-                   "finished, or the file was edited) left out of every loss figure, the comparisons and the scaling "
-                   f"fit: {some_of(gone)}.")
-    if report.get("unreadable_metrics"):
-        cut = [f"{path} ({n} line{'s' if n > 1 else ''})" for path, n in report["unreadable_metrics"].items()]
-        out.append("Lines of metrics.jsonl that are not a JSON record (cut short by a crash, or edited) left out of "
-                   f"the validation curves: {some_of(cut)}.")
-    return out
-
-
 def markdown(report: dict, figure: str | None, scaling_figure: str | None = None) -> str:
     def table(cols, rows):
         lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
@@ -276,7 +203,7 @@ def markdown(report: dict, figure: str | None, scaling_figure: str | None = None
     matched = report["matched_tokens"]
     out = ["# llmlab report", "",
            f"Runs grouped by their overrides minus `seed`. Val loss: final validation loss, mean ± 95% CI "
-           f"(Student t over seeds). Matched tokens: {_num(matched)} (the most every run reached).", ""]
+           f"(Student t over seeds). Matched tokens: {fmt_num(matched)} (the most every run reached).", ""]
     if report.get("lr_choices"):
         out += ["`select=best_lr`: in each cell, the runs of the learning rate with the lowest mean final validation "
                 "loss are kept (a single shared learning rate favours the variant it happens to suit):", ""]
@@ -299,14 +226,8 @@ def markdown(report: dict, figure: str | None, scaling_figure: str | None = None
     if figure:
         out += ["", f"![validation loss curves]({figure})"]
     if report.get("scaling"):
-        from llmlab.eval.scaling_report import markdown as scaling_markdown
-
-        out += scaling_markdown(report["scaling"], scaling_figure)
+        out += md.markdown(report["scaling"], scaling_figure)
     return "\n".join(out) + "\n"
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def curves(runs: list[Run], others: list[list[str]] = ()) -> dict[str, dict]:
@@ -323,8 +244,6 @@ def curves(runs: list[Run], others: list[list[str]] = ()) -> dict[str, dict]:
     return out
 
 
-# -- writing and printing ------------------------------------------------------------------
-
 WIDE = 240  # columns for tables printed into a log file or a pipe
 
 
@@ -340,9 +259,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     from llmlab import console
     from llmlab.eval.plots import curves_plot
 
-    from llmlab.eval import scaling_report as sr
-
-    runs, choices, drop = sr.apply_select(find_runs(dirs), select)
+    runs, choices, drop = de.apply_select(find_runs(dirs), select)
     others = [read_overrides(path) for path in unfinished or {}]
     result = build_report(runs, baseline, others)
     if choices is not None:
@@ -350,11 +267,11 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
     own_dir(out, "out")
-    scaling = sr.scaling_section(runs, drop, min_steps=min_steps, form=surface, size=size)
+    scaling = se.scaling_section(runs, drop, min_steps=min_steps, form=surface, size=size)
     scaled = None
     if scaling is not None:
-        result["scaling"] = sr.public(scaling)
-        scaled = "scaling.png" if sr.figure(scaling, out / "scaling.png") else None
+        result["scaling"] = se.public(scaling)
+        scaled = "scaling.png" if md.figure(scaling, out / "scaling.png") else None
     figure = None
     per_group = curves(runs, others)
     if per_group:
@@ -388,7 +305,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if result["comparisons"]:
         show.print(table(f"paired by seed against {result['baseline']}", COMPARE_COLUMNS, compare_rows(result)))
     if scaling is not None:
-        for line in sr.scaling_lines(result["scaling"]):
+        for line in md.scaling_lines(result["scaling"]):
             show.print(line, highlight=False)
     console.out.print(f"report: {out / 'report.md'}" + (f", {out / 'report.png'}" if figure else "")
                       + (f", {out / 'scaling.png'}" if scaled else ""))
