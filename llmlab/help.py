@@ -71,7 +71,7 @@ PARTS_GROUPS = ("model", "model/attention", "model/ffn", "norm", "pos", "objecti
 
 
 def parts_table() -> str:
-    """The README's table of config groups, their options and their settings, written from the
+    """The table in docs/parts.md of config groups, their options and their settings, written from the
     registries and conf/ (so no list of kinds is kept by hand): ``python -m llmlab.help``."""
     import dataclasses
 

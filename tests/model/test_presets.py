@@ -30,7 +30,7 @@ def composed(*overrides: str) -> dict:
 
 
 def test_every_documented_preset_exists():
-    """The recipes the README names, and ``model=<kind>`` for every attention kind."""
+    """The recipes docs/parts.md names, and ``model=<kind>`` for every attention kind."""
     assert {"tiny", "gpt2", "llama", "bert", "pocket", "deepseek", *ATTENTION.names()} <= set(PRESETS)
 
 
