@@ -23,7 +23,6 @@ import torch
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_ids, check_length
 from llmlab.data.prepare import cache_root, prepare
-from llmlab.errors import ConfigError
 from llmlab.files import RunLock, atomic_write_text, disk_error, open_append, own_dir
 from llmlab.model import ring
 from llmlab.model.transformer import Transformer
@@ -225,23 +224,13 @@ class Trainer:
                                           self.card["flops_per_token"], read_overrides(self.run_dir))
 
     def _build_optimizer(self) -> None:
-        job, loop, dist, device = self.job, self.loop, self.dist, self.device
+        job, dist, device = self.job, self.dist, self.device
         self.optimizer = build_optimizer(job.optim, self.model, device)
         self.schedule = SCHEDULE.build(job.sched, self.steps, budget_run=job.max_flops is not None)
         self.amp = autocast(device, self.precision)
         self.distiller = (Distiller(job.distill, self.model, self.prepared.path / "tokenizer.json", device, job.seed,
                                     dist.rank) if job.distill.teacher else None)
-        self.scaler = grad_scaler(device, self.precision)
-        several = not isinstance(self.optimizer, torch.optim.Optimizer)
-        if self.scaler.is_enabled() and several:
-            raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={job.optim.kind} has "
-                              "several; use precision=bf16 or fp32")
-        if loop.head_loss == "fused" and self.precision == "fp16":
-            raise ConfigError("train.head_loss: fused computes the logits' gradients in the forward, before fp16 "
-                              "loss scaling could protect them; use train.head_loss=auto or plain, or precision=bf16")
-        if dist.fsdp and several:
-            raise ConfigError(f"train.fsdp: optim={job.optim.kind} is not supported with FSDP; use DDP "
-                              "(train.fsdp=false) or optim=adamw")
+        self.scaler = grad_scaler(device, self.precision)  # fp16 and the optimizer: check_optimizer_fits
         peak, self.peak_source = device_peak_flops(device, self.precision)
         self.peak = peak * dist.world_size  # MFU of the whole job
         self.warned_peak = False

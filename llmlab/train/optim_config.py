@@ -79,6 +79,7 @@ class AdafactorConfig(Checked):
 @OPTIMIZER.option("muon")
 @dataclass
 class MuonConfig:
+    several: ClassVar[bool] = True  # Muon for the matrices and AdamW for the rest: two optimizers in one
     kind: str = "muon"
     # with match_rms_adamw an update's RMS is AdamW's, so the lr is on AdamW's scale (Liu et al. 2025,
     # Moonlight); 0.02 suits the "original" rule. On the default run at 500 steps: 3e-3 and 5e-3 gave

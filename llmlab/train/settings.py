@@ -199,6 +199,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
                               f"model.max_seq_len = {micro}")
         grad_accum = loop.batch_tokens // micro
     check_branch_ends(loop, sched)
+    check_optimizer_fits(top.precision, loop, optim)
     from llmlab.model.transformer import check_sizes
 
     check_sizes(spec)
@@ -207,6 +208,24 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
                     data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
                     distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg)
+
+
+def check_optimizer_fits(precision: str, loop: LoopConfig, optim) -> None:
+    """What fp16's loss scaling and FSDP ask of the optimizer and the head's loss: one
+    optimizer (a kind that declares ``several``, as muon does, is two), and logits whose
+    gradients the scaler can still protect."""
+    import os
+
+    several = getattr(type(optim), "several", False)
+    if precision == "fp16" and several:
+        raise ConfigError(f"precision: fp16 loss scaling needs a single optimizer; optim={optim.kind} has "
+                          "several; use precision=bf16 or fp32")
+    if loop.head_loss == "fused" and precision == "fp16":
+        raise ConfigError("train.head_loss: fused computes the logits' gradients in the forward, before fp16 "
+                          "loss scaling could protect them; use train.head_loss=auto or plain, or precision=bf16")
+    if loop.fsdp and several and int(os.environ.get("WORLD_SIZE") or 1) > 1:  # in one process nothing is sharded
+        raise ConfigError(f"train.fsdp: optim={optim.kind} is not supported with FSDP; use DDP "
+                          "(train.fsdp=false) or optim=adamw")
 
 
 def check_branch_ends(loop: LoopConfig, sched) -> None:

@@ -92,6 +92,15 @@ def test_every_optimizer_lowers_the_loss(kind):
 
 
 @pytest.mark.parametrize("kind", OPTIMIZER.names())
+def test_an_optimizer_that_is_several_says_so(kind):
+    """``several`` (fp16 loss scaling and FSDP take one torch optimizer) is declared beside the
+    kind's settings, so the settings check refuses those combinations before any work."""
+    opt = build_optimizer(OPTIMIZER.config(test_config(OPTIMIZER, kind), "optim"), tiny_model(), torch.device("cpu"))
+    declared = getattr(OPTIMIZER.config_of(kind), "several", False)
+    assert declared == (not isinstance(opt, torch.optim.Optimizer)), kind
+
+
+@pytest.mark.parametrize("kind", OPTIMIZER.names())
 def test_every_optimizer_refuses_a_negative_weight_decay(kind):
     with pytest.raises(ConfigError, match=r"^optim.weight_decay: must be >= 0, got -0.1$"):
         OPTIMIZER.config({"kind": kind, "weight_decay": -0.1}, "optim")
@@ -232,7 +241,7 @@ def test_muons_defaults_are_torchs():
     assert {k: signature[k].default for k in MUON_DEFAULTS} == MUON_DEFAULTS
 
 
-@pytest.mark.parametrize("kind", ["cosine", "linear", "wsd", "constant"])
+@pytest.mark.parametrize("kind", SCHEDULE.names())
 def test_a_warmup_share_is_the_same_schedule_as_the_equivalent_steps(kind):
     by_share = SCHEDULE.build(SCHEDULE.config({"kind": kind, "warmup_share": 0.1}, "sched"), 240)
     by_steps = SCHEDULE.build(SCHEDULE.config({"kind": kind, "warmup": 24}, "sched"), 240)

@@ -134,6 +134,27 @@ def test_mup_is_refused_with_an_optimizer_it_has_no_rule_for():
         job_of("model.parametrization=mup", "model.tie_embeddings=false", "optim=sgd")
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (("optim=muon", "precision=fp16"), r"^precision: fp16 loss scaling needs a single optimizer; optim=muon has several"),
+    (("optim=adamw", "train.head_loss=fused", "precision=fp16"), r"^train.head_loss: fused computes the logits' gradients"),
+])
+def test_what_fp16_asks_of_the_optimizer_and_the_head_is_checked_with_the_settings(overrides, message):
+    from llmlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        job_of(*overrides)
+    job_of("optim=adamw", "precision=fp16")  # one optimizer: fine
+
+
+def test_fsdp_with_an_optimizer_of_several_is_refused_where_there_is_something_to_shard(monkeypatch):
+    from llmlab.errors import ConfigError
+
+    job_of("optim=muon", "train.fsdp=true")  # one process: nothing is sharded
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"^train.fsdp: optim=muon is not supported with FSDP"):
+        job_of("optim=muon", "train.fsdp=true")
+
+
 def test_a_negative_init_std_is_one_line_not_torchs_error_at_the_first_weight():
     from llmlab.errors import ConfigError
 

@@ -10,6 +10,7 @@ import torch
 
 from llmlab.errors import UserError
 from llmlab.train.loop import run_training
+from llmlab.train.optim import OPTIMIZER
 from tests.conftest import write_corpus
 from tests.train.test_loop import config
 
@@ -73,7 +74,7 @@ def test_a_hand_edited_optimizer_state_is_one_line_naming_it(tmp_path, edit):
         run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
 
 
-@pytest.mark.parametrize("kind", ["adamw", "adafactor", "lion", "muon", "radam", "sgd"])
+@pytest.mark.parametrize("kind", OPTIMIZER.names())
 def test_every_optimizers_own_checkpoint_passes_the_state_checks(tmp_path, kind):
     """The checks on a loaded optimizer state refuse no state an optimizer saved itself
     (Adafactor's factored moments and negative beta2_decay, Muon's coefficients, SGD's momentum)."""
