@@ -71,8 +71,9 @@ RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps"
 
 # Settings added after runs existed: at these values a run trains what it trained before they
 # existed, so they stay out of its id (a run keeps its id, and resumes, across the upgrade).
-RUN_ID_ADDED = {"sched": {"warmup_share": None, "branches": [], "branch_flops": []}, "model": {"parametrization": "standard"},
-                "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6}}
+RUN_ID_ADDED = {"sched": {"warmup_share": None, "branches": [], "branch_flops": []}, "model": {"parametrization": "standard", "logit_softcap": None},
+                "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6},
+                "train": {"z_loss": 0.0}}
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
 # train.steps's default before the default recipe changed, and now: a budget run (max_flops,
 # max_tokens) never uses it and cannot set it, so its id keeps the old value
@@ -88,7 +89,7 @@ def _as_before(cfg: Mapping[str, Any]) -> dict:
     model = out.get("model")
     if isinstance(model, Mapping) and "parametrization" not in model:
         out["model"] = {k: v for k, v in model.items() if k != "mup_base_width"}
-    sched, train = out.get("sched"), cfg.get("train") or {}
+    sched, train = out.get("sched"), out.get("train") or {}
     if (isinstance(sched, Mapping) and "warmup" in sched and sched["warmup"] is None
             and "warmup_share" not in sched and train.get("max_flops") is None):
         out["sched"] = {**sched, "warmup": OLD_DEFAULT_WARMUP}  # an unset warm-up is what it was: 50 steps

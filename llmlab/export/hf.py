@@ -195,6 +195,9 @@ FAMILIES = (Llama(), Qwen3(), GPT2())
 
 def pick_family(spec, model) -> Family:
     """The family that fits, or a one-line refusal with each family's reasons."""
+    if spec.model.logit_softcap is not None:  # none of the three caps its logits
+        raise UserError(f"export: transformers' {', '.join(f.name for f in FAMILIES)} have no logit soft-cap, and this "
+                        f"model caps its logits (model.logit_softcap={spec.model.logit_softcap:g})")
     reasons = {}
     for family in FAMILIES:
         why = family.objections(spec, model)

@@ -279,6 +279,7 @@ class ModelConfig(Checked):
     vocab_multiple: int = bounded(64, at_least=1)  # pad the vocabulary for faster matmuls
     parametrization: str = choice("standard", ("standard", "mup"))  # mup: init, per-layer Adam lr and output scale that transfer across widths (Yang et al. 2022); needs tie_embeddings=false
     mup_base_width: int = bounded(128, at_least=1)  # mup: the d_model at which mup equals standard (tune optim.lr there)
+    logit_softcap: float | None = bounded(None, above=0)  # Gemma 2's cap on the output logits: cap * tanh(logits / cap)
 
     def check(self, prefix: str) -> None:
         if self.d_model % self.n_heads:

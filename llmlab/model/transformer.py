@@ -64,6 +64,7 @@ class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
+        self.softcap = spec.model.logit_softcap
         m = spec.model
         self.objective = OBJECTIVE.build(spec.objective)
         self.vocab_size = spec.vocab_size
@@ -129,11 +130,12 @@ class Transformer(nn.Module):
     # -- forward -----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 cache: ModelCache | None = None, need_weights: bool = False,
-                logits: bool = True, head_loss: str = "auto") -> ModelOutput:
+                logits: bool = True, head_loss: str = "auto", z_loss: float = 0.0) -> ModelOutput:
         """idx: (B, T) token ids; targets: (B, T), IGNORE where there is no loss.
         ``logits=False`` (training, with targets): where ``head_loss`` says so (`use_fused`),
         the losses come from `linear_cross_entropy`, which never holds the (B, T, V) logits,
-        and ``out.logits`` is None."""
+        and ``out.logits`` is None. ``z_loss``: the coefficient of PaLM's auxiliary loss, the
+        mean squared log-normaliser of the counted targets' logits (``train.z_loss``)."""
         B, T = idx.shape
         if T == 1 and cache is not None and self.lean_decoding and targets is None and not need_weights:
             return self.decode_token(idx, cache)
@@ -152,14 +154,20 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.pos += T
         h = self.norm(x)
-        fused = not logits and targets is not None and use_fused(h, self.lm_head.weight, head_loss)
-        out = ModelOutput(None if fused else self.lm_head(self.head_input(h)), weights=all_weights if need_weights else None,
+        # the fused head never holds the logits, which a cap and the z-loss read (`check_head_loss`)
+        fused = (not logits and targets is not None and not z_loss and self.softcap is None
+                 and use_fused(h, self.lm_head.weight, head_loss))
+        out = ModelOutput(None if fused else self.logits_of(h), weights=all_weights if need_weights else None,
                           hidden=h)
         if targets is None:
             return out
         main = self._head_loss(h, targets, fused, out.logits)
         out.loss = out.main_loss = main
         out.metrics["loss/main"] = main.detach()
+        if z_loss:
+            z = z_loss * _log_partition_squared(out.logits, targets)
+            out.loss = out.loss + z
+            out.metrics["train/z_loss"] = z.detach()
         if len(self.mtp):
             # head k reads the state at t and predicts targets[t + k], the token t + 1 + k
             mtp_losses = []
@@ -197,21 +205,28 @@ class Transformer(nn.Module):
         for block, layer in zip(self.blocks, cache.layers):
             x = block.decode_token(x, pos, positions, layer)
         h = self.norm.forward(x)
-        return ModelOutput(self.lm_head.forward(self.head_input(h)), hidden=h)
+        return ModelOutput(self.logits_of(h, self.lm_head.forward), hidden=h)
 
     def _head_loss(self, h: torch.Tensor, targets: torch.Tensor, fused: bool,
                    logits: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy of the LM head on states ``h`` against ``targets``."""
         if fused:
             return linear_cross_entropy(self.head_input(h), self.lm_head.weight, targets, IGNORE)
-        logits = self.lm_head(self.head_input(h)) if logits is None else logits
+        logits = self.logits_of(h) if logits is None else logits
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
     def mtp_logits(self, h: torch.Tensor) -> list[torch.Tensor]:
         """Logits of each MTP head on states ``h`` (B, T, d): head k at position t predicts the
         token at t + 1 + k."""
-        return [self.lm_head(self.head_input(head(h))) for head in self.mtp]
+        return [self.logits_of(head(h)) for head in self.mtp]
+
+    def logits_of(self, h: torch.Tensor, head=None) -> torch.Tensor:
+        """The LM head's logits on final states ``h``, capped where ``model.logit_softcap`` is
+        set (Gemma 2: cap * tanh(logits / cap), smooth, and near the identity well below cap)."""
+        logits = (head or self.lm_head)(self.head_input(h))
+        cap = self.softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def aux_losses(self) -> dict[str, dict[str, torch.Tensor]]:
         """Auxiliary losses that parts computed in the last forward (MoE load balance, a sparse
@@ -326,3 +341,12 @@ def lean_decoding(*models: nn.Module | None) -> Iterator[None]:
     finally:
         for m in lean:
             m.lean_decoding = False
+
+
+def _log_partition_squared(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean of log(Z)^2 over the counted targets' positions, Z the softmax's normaliser
+    (PaLM's z-loss before its coefficient), in float32 at least."""
+    lse = torch.logsumexp(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    counted = targets != IGNORE
+    return (lse.square() * counted).sum() / counted.sum().clamp(min=1)
+

@@ -59,7 +59,24 @@ def summarize(history: list[dict], rates: list[float], loads: list[tuple[float, 
     speed = rate(rates, load) if rates else rate([next(
         (h["perf/tokens_per_s"] for h in reversed(history) if _number(h.get("perf/tokens_per_s"))), 0.0)], load)
     return {"train_loss": train_losses[-1] if train_losses else None, "val_losses": val_losses, "speed": speed,
-            "tokens_per_s_mean": statistics.fmean(rates) if rates else None}
+            "tokens_per_s_mean": statistics.fmean(rates) if rates else None,
+            "loss_spikes": sum(spike(train_losses[:i], loss) is not None for i, loss in enumerate(train_losses))}
+
+
+SPIKE_WINDOW = 20  # the log windows a loss is compared with
+SPIKE_RISE = 0.1  # ... and how far above their median it must be, as a share of it
+
+
+def spike(before: list[float], loss: float) -> float | None:
+    """The median of the last `SPIKE_WINDOW` log windows' losses where ``loss`` jumps well
+    above them: over 10% above their median and over 6 median absolute deviations (their own
+    spread: a loss still falling fast spreads wide); None otherwise, or with fewer than 5."""
+    recent = before[-SPIKE_WINDOW:]
+    if len(recent) < 5:
+        return None
+    median = statistics.median(recent)
+    spread = statistics.median(abs(x - median) for x in recent)
+    return median if loss > median * (1 + SPIKE_RISE) and loss - median > 6 * spread else None
 
 
 def print_done(summary: dict[str, Any], speed, elapsed: float, ckpt_path: Path | None) -> None:

@@ -26,10 +26,11 @@ from llmlab.data.prepare import cache_root, prepare
 from llmlab.files import RunLock, atomic_write_text, disk_error, open_append, own_dir
 from llmlab.model import ring
 from llmlab.model.transformer import Transformer
+from llmlab.perf import is_number as _number
 from llmlab.sample.generate import decode_setting, decode_speed
 from llmlab.train import branches, resume
-from llmlab.train.card import (DECODE_SETTING, finished_summary, model_card, print_done, print_model_card,
-                               summarize)
+from llmlab.train.card import (DECODE_SETTING, SPIKE_WINDOW, finished_summary, model_card, print_done,
+                               print_model_card, spike, summarize)
 from llmlab.train.checkpoint import best_checkpoint, load_weights, unique_names
 from llmlab.train.recovery import recover_checkpoints
 from llmlab.train.device import (autocast, grad_scaler, keep_freed_memory, memory_stats, resolve_device,
@@ -355,7 +356,8 @@ class Trainer:
             with gradient_sync(self.wrapped, self.dist, sync=micro == accum - 1):
                 with self.amp, self._sharded():
                     # the distiller reads the logits; otherwise the loss need not keep them
-                    out = self.step_model(x, y, logits=distiller is not None, head_loss=loop.head_loss)
+                    out = self.step_model(x, y, logits=distiller is not None, head_loss=loop.head_loss,
+                                          z_loss=loop.z_loss)
                     loss = out.loss
                     if distiller is not None:
                         kl = distiller.loss(x, out.logits)
@@ -419,6 +421,10 @@ class Trainer:
                   **({"perf/other_load": load} if load is not None else {}),
                   **{f"perf/{k}": v for k, v in memory_stats(self.device).items()}, **closed["extra"]}
         check_finite(record["train/loss"], done, ckpt)
+        before = [r["train/loss"] for r in history.records if _number(r.get("train/loss"))]
+        if (median := spike(before, record["train/loss"])) is not None:
+            progress.console.print(f"step {done}: loss spike: {record['train/loss']:.3f}, against a median of "
+                                   f"{median:.3f} over the last {min(len(before), SPIKE_WINDOW)} log steps", style="yellow")
         self._record(record, history)
         index_kl = f"  index KL {record['indexer/kl']:.3f}" if "indexer/kl" in record else ""
         status = (f"loss {record['train/loss']:.3f}{index_kl}  lr {lr:.2e}  grad {record['train/grad_norm']:.2f}  "
@@ -457,6 +463,7 @@ class Trainer:
             "val_ppl": last_val.get("val/ppl"), "val_accuracy": last_val.get("val/accuracy"),
             "objective": self.spec.objective.kind,
             "best_checkpoint": str(best_checkpoint(self.run_dir / "checkpoints") or ckpt_path),
+            "loss_spikes": seen["loss_spikes"],
             "best_val_loss": min(seen["val_losses"] + ([last_val["val/loss"]] if "val/loss" in last_val else []),
                                  default=None),
             "interrupted": stopped_by is not None,

@@ -32,6 +32,7 @@ class LoopConfig(Checked):
     grad_accum: int = bounded(1, at_least=1)
     batch_tokens: int | None = None  # tokens per optimizer step; when set, grad_accum = batch_tokens / (batch_size * max_seq_len)
     grad_clip: float = bounded(1.0, at_least=0)  # max global gradient norm; 0 turns clipping off
+    z_loss: float = bounded(0.0, at_least=0)  # PaLM's auxiliary loss, z_loss * log(Z)^2 per token: keeps the logits' normaliser near 1
     log_every: int = bounded(10, at_least=1)
     eval_every: int = bounded(200, at_least=0)  # 0: only at the end
     eval_windows: int = bounded(64, at_least=0)  # validation windows per periodic eval (`llmlab eval` scores the whole split)
@@ -200,6 +201,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
         grad_accum = loop.batch_tokens // micro
     check_branch_ends(loop, sched)
     check_optimizer_fits(top.precision, loop, optim)
+    check_head_loss(loop, spec)
     from llmlab.model.transformer import check_sizes
 
     check_sizes(spec)
@@ -226,6 +228,16 @@ def check_optimizer_fits(precision: str, loop: LoopConfig, optim) -> None:
     if loop.fsdp and several and int(os.environ.get("WORLD_SIZE") or 1) > 1:  # in one process nothing is sharded
         raise ConfigError(f"train.fsdp: optim={optim.kind} is not supported with FSDP; use DDP "
                           "(train.fsdp=false) or optim=adamw")
+
+
+def check_head_loss(loop: LoopConfig, spec) -> None:
+    """The fused head loss never holds the logits, which the z-loss and the logit cap read."""
+    if loop.head_loss != "fused":
+        return
+    for key, on in (("train.z_loss", loop.z_loss), ("model.logit_softcap", spec.model.logit_softcap)):
+        if on:
+            raise ConfigError(f"train.head_loss: fused never holds the logits, which {key}={on} reads; use "
+                              "train.head_loss=auto or plain")
 
 
 def check_branch_ends(loop: LoopConfig, sched) -> None:
