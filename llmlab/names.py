@@ -66,14 +66,15 @@ def parse_flops(value: Any, key: str) -> float:
 # of the run id, so a run can be resumed with another log interval, device or time budget.
 RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
 RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
-                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss", "context_parallel"}
+                        "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss", "context_parallel",
+                        "activation_checkpointing"}
 
 
 # Settings added after runs existed: at these values a run trains what it trained before they
 # existed, so they stay out of its id (a run keeps its id, and resumes, across the upgrade).
 RUN_ID_ADDED = {"sched": {"warmup_share": None, "branches": [], "branch_flops": []}, "model": {"parametrization": "standard", "logit_softcap": None},
                 "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6},
-                "train": {"z_loss": 0.0}}
+                "train": {"z_loss": 0.0, "ema": 0.0}}
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
 # train.steps's default before the default recipe changed, and now: a budget run (max_flops,
 # max_tokens) never uses it and cannot set it, so its id keeps the old value

@@ -22,6 +22,7 @@ class EvalConfig(Checked):
     """``llmlab eval``'s settings; ``data`` and ``analysis`` come from their config groups."""
 
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    weights: str = choice("raw", ("raw", "ema"))  # ema: the moving average a run trained with train.ema kept
     split: str = choice("val", SPLITS)
     text: str | None = None  # a text file to score instead of a split
     batch_size: int = bounded(8, at_least=1)
@@ -73,7 +74,7 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     precision = resolve_precision(job.precision, device)
     if device.type == "cpu":
         keep_freed_memory()  # each batch's activations: reuse the memory, as train does (a tenth of the page faults)
-    model = build_model(ckpt, device)
+    model = build_model(ckpt, device, job.weights)
     tokens, nbytes, source = eval_tokens(ckpt, job.text, job.split, job.data, job.cache_dir)
     block = model.max_seq_len
     if len(tokens) < block + 1:  # the model's context is fixed here: more text is the only remedy
@@ -92,7 +93,7 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     # describes no compression of the text, so it gets none)
     bpb = bits_per_byte(res["loss"], len(tokens), nbytes) if causal else None
     per_position = res.pop("per_position")
-    result = {"ckpt": str(ckpt.path), "step": ckpt.state.get("step"), "source": source,
+    result = {"ckpt": str(ckpt.path), "step": ckpt.state.get("step"), "weights": job.weights, "source": source,
               "objective": ckpt.objective, "tokens_scored": res["tokens"],
               "windows": res["windows"], "loss": res["loss"], "ppl": res["ppl"], "accuracy": res["accuracy"],
               "bpb": bpb, "bytes_per_token": nbytes / max(1, len(tokens)), "device": str(device),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from llmlab.commands import Command
 from llmlab.errors import ConfigError
-from llmlab.registry import Checked
+from llmlab.registry import Checked, choice
 
 
 @dataclass
@@ -17,6 +17,7 @@ class ExportConfig(Checked):
     format: str = "hf"  # hf: a Hugging Face transformers directory
     out: str | None = None  # the directory to write; null: <this command's run dir>/hf
     overwrite: bool = False  # replace a non-empty out directory
+    weights: str = choice("raw", ("raw", "ema"))  # ema: the moving average a run trained with train.ema kept
 
     def check(self, prefix: str) -> None:
         from llmlab.export import FORMATS
@@ -35,7 +36,7 @@ def run(job: ExportConfig, run_dir: Path) -> None:
     from llmlab.train.checkpoint import build_model, load_checkpoint
 
     ckpt = load_checkpoint(job.ckpt)
-    model = build_model(ckpt, torch.device("cpu"))
+    model = build_model(ckpt, torch.device("cpu"), job.weights)
     out = Path(os.path.expanduser(job.out)) if job.out else run_dir / "hf"
     res = exporter(job.format)(ckpt, model, out, overwrite=job.overwrite)
     console.out.print(f"exported {ckpt.path} as {res['architecture']} ({res['family']} family, "

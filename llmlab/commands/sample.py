@@ -33,6 +33,7 @@ class SampleConfig(Checked):
     """``llmlab sample``'s settings."""
 
     ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    weights: str = choice("raw", ("raw", "ema"))  # ema: the moving average a run trained with train.ema kept
     prompt: Any = "def "  # a string, or a list: prompt='[def ,class ]'
     prompt_file: str | None = None  # prompts from a file: one per line (.txt) or {"prompt": ...} per line (.jsonl)
     max_new_tokens: int = 200
@@ -159,7 +160,7 @@ def run(job: SampleConfig, run_dir: Path) -> None:
     ckpt = causal_checkpoint(job.ckpt, "ckpt")
     device = resolve_device(job.device)
     amp = autocast(device, resolve_precision(job.precision, device))
-    model = build_model(ckpt, device)
+    model = build_model(ckpt, device, job.weights)
     tok = ckpt.tokenizer()
     spec = job.spec  # the speculative-decoding settings (not a model spec)
     draft = draft_vocab = None

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from llmlab.model import ring
 from llmlab.model.cache import ModelCache
@@ -65,6 +66,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.spec = spec
         self.softcap = spec.model.logit_softcap
+        self.checkpointing = "none"  # train.activation_checkpointing, which the trainer sets
         m = spec.model
         self.objective = OBJECTIVE.build(spec.objective)
         self.vocab_size = spec.vocab_size
@@ -148,8 +150,13 @@ class Transformer(nn.Module):
         x = self.pos.embed(self.embed(idx), positions)  # (B, T, d)
         pos = self.pos.view(positions)  # what attention asks of the position scheme this pass
         all_weights = []
+        recompute = self.checkpointing != "none" and cache is None and not need_weights and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, pos, positions, cache.layers[i] if cache is not None else None, need_weights)
+            if recompute:  # train.activation_checkpointing: the block's forward runs again in the backward
+                x, weights = checkpoint(block, x, pos, positions, None, False, use_reentrant=False,
+                                        context_fn=_keep_matmuls if self.checkpointing == "selective" else noop_context_fn)
+            else:
+                x, weights = block(x, pos, positions, cache.layers[i] if cache is not None else None, need_weights)
             all_weights.append(weights)
         if cache is not None:
             cache.pos += T
@@ -349,4 +356,21 @@ def _log_partition_squared(logits: torch.Tensor, targets: torch.Tensor) -> torch
     lse = torch.logsumexp(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     counted = targets != IGNORE
     return (lse.square() * counted).sum() / counted.sum().clamp(min=1)
+
+
+# what selective checkpointing keeps of a block's forward: the outputs of its matmuls and of the
+# attention kernels (the costly ops); the norms, activations and other elementwise ops are
+# recomputed in the backward (torchtitan's per-op selective checkpointing)
+_KEPT_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _keep_matmuls():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    kept = {getattr(torch.ops.aten, name).default for name in _KEPT_OPS if hasattr(torch.ops.aten, name)}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
 

@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from llmlab.errors import UserError
 from llmlab.perf import is_number
 from llmlab.files import checkpoint_arg, clean_stale, disk_error, own_dir, owned_tmp_dir, replace_dir
+from llmlab.train.ema import EMA_FILE
 from llmlab.train.recovery import MANIFEST, completeness, fsync_dir
 
 TOKEN_COUNTS = "token_counts.safetensors"
@@ -63,10 +64,12 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping[str, torch.Tensor], spec_dict: dict,
                     config: Any, tokenizer_path: Path, state: dict, trainer_state: dict | None = None,
-                    keep: int | None = None, token_counts: np.ndarray | torch.Tensor | None = None) -> Path:
+                    keep: int | None = None, token_counts: np.ndarray | torch.Tensor | None = None,
+                    ema: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Write one checkpoint directory atomically. ``model`` is a module, or its weights
     already gathered (each tied tensor once). ``token_counts``: (vocab,) occurrences of each
-    token id in the training data, kept beside the weights.
+    token id in the training data, kept beside the weights. ``ema``: the weights' moving
+    average (`llmlab.train.ema`), saved as ema.safetensors.
 
     The files go to a temporary directory; ``manifest.json`` (every file and its size) is
     written last, and the directory is renamed into place. A re-save of a step that exists
@@ -84,6 +87,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module | Mapping
         weights = (unique_state_dict(model) if isinstance(model, torch.nn.Module)
                    else {k: v.detach().cpu().contiguous() for k, v in model.items()})
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if ema is not None:
+            save_file(dict(ema), str(tmp / EMA_FILE), metadata={"format": "pt"})
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer.pt")
         (tmp / "model.json").write_text(json.dumps(spec_dict, indent=2))
@@ -251,6 +256,17 @@ class Checkpoint:
         except (SafetensorError, OSError, ValueError, KeyError) as e:
             raise UserError(f"ckpt: {f} is unreadable ({type(e).__name__}); the checkpoint is damaged") from e
 
+    def ema_weights(self) -> dict[str, torch.Tensor] | None:
+        """ema.safetensors: the weights' moving average (`llmlab.train.ema`); None for a
+        checkpoint saved without train.ema."""
+        f = self.path / EMA_FILE
+        if not f.exists():
+            return None
+        try:
+            return load_file(str(f))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f"ckpt: {f} is truncated or corrupt ({str(e).splitlines()[0]})") from e
+
     def trainer_state(self) -> dict | None:
         """trainer.pt's contents (loaded once and kept until `drop_trainer_state`), or None."""
         if "_trainer" not in self.__dict__:
@@ -367,8 +383,9 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where
     model.load_state_dict(weights, strict=False)
 
 
-def build_model(ckpt: Checkpoint, device: torch.device):
-    """The network a checkpoint describes, with its weights, on ``device``, in eval mode."""
+def build_model(ckpt: Checkpoint, device: torch.device, weights: str = "raw"):
+    """The network a checkpoint describes, with its weights (``weights=ema``: their moving
+    average, ema.safetensors), on ``device``, in eval mode."""
     from llmlab.errors import ConfigError
     from llmlab.model.transformer import ModelSpec, Transformer, undrawn_weights
 
@@ -383,7 +400,14 @@ def build_model(ckpt: Checkpoint, device: torch.device):
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:
         raise UserError(f"ckpt: {ckpt.path / 'model.json'} describes a model that cannot be built here "
                         f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]})") from None
-    load_weights(model, ckpt.weights, ckpt.path)
+    if weights == "ema":
+        average = ckpt.ema_weights()
+        if average is None:
+            raise UserError(f"weights: ema, but {ckpt.path} has no {EMA_FILE} (it was trained without train.ema); "
+                            "use weights=raw")
+        load_weights(model, average, ckpt.path / EMA_FILE, "its model.json")
+    else:
+        load_weights(model, ckpt.weights, ckpt.path)
     check_vocab(ckpt.tokenizer().vocab_size, spec.vocab_size, ckpt.path)
     return model.to(device).eval()
 

@@ -34,6 +34,12 @@ class Evaluator:
     seed: int
     device: torch.device
 
+    def loss(self, model: Transformer) -> float:
+        """The validation loss alone, on the same windows."""
+        loop = self.loop
+        return evaluate_loss(model, self.val_tokens, self.seq_len, loop.batch_size, self.device, self.amp,
+                             loop.eval_windows or None)["loss"]
+
     def __call__(self, model: Transformer) -> tuple[dict[str, float], list[tuple[str, str]]]:
         loop, windows = self.loop, self.loop.eval_windows or None
         res = evaluate_loss(model, self.val_tokens, self.seq_len, loop.batch_size, self.device, self.amp, windows)
@@ -54,7 +60,8 @@ def val_line(step: int, val: dict[str, float]) -> str:
     bpb = f"  bpb {val['val/bpb']:.4f}" if "val/bpb" in val else ""
     agree = (f"  teacher agreement {val['val/teacher_agreement']:.3f} KL {val['val/teacher_kl']:.3f}"
              if "val/teacher_agreement" in val else "")
-    return f"step {step:>6}  val loss {val['val/loss']:.4f}  ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}{agree}"
+    ema = f" (average {val['val/loss_ema']:.4f})" if "val/loss_ema" in val else ""
+    return f"step {step:>6}  val loss {val['val/loss']:.4f}{ema}  ppl {val['val/ppl']:.2f}  acc {val['val/accuracy']:.3f}{bpb}{agree}"
 
 
 def complete_prompts(model: Transformer, tokenizer, prompts: list[str], n_tokens: int, device: torch.device,

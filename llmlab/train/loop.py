@@ -36,6 +36,7 @@ from llmlab.train.recovery import recover_checkpoints
 from llmlab.train.device import (autocast, grad_scaler, keep_freed_memory, memory_stats, resolve_device,
                                  resolve_precision, synchronize)
 from llmlab.train.distill import Distiller
+from llmlab.train.ema import WeightAverage
 from llmlab.train.distributed import barrier, broadcast, gradient_sync, init_distributed, mean, shutdown, wrap_model
 from llmlab.train.evaluation import Evaluator, val_line
 from llmlab.train.loggers import LOGGER, JsonlWriter, NoLogger, SafeLogger
@@ -131,8 +132,9 @@ class Trainer:
         self._build_optimizer()
         self.progress = Progress()
         self.window = LogWindow(self.device, self.dist)
+        self.ema = WeightAverage(self.model, loop.ema) if loop.ema else None  # from the weights it starts with
         self.resumable = Resumable(self.model, self.optimizer, self.scaler, self.sampler, self.random, self.distiller,
-                                   self.progress, self.window)
+                                   self.progress, self.window, self.ema)
         if self.ckpt is not None:
             resume.restore(self.resumable, self.ckpt, self.dist, loop.resume_weights_only)
         self.start_step = self.progress.step
@@ -202,6 +204,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         self.model = model = Transformer(self.spec).to(self.device)
+        model.checkpointing = self.loop.activation_checkpointing
         self._plan_length(model)
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)
@@ -395,6 +398,8 @@ class Trainer:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update()
         return grad_norm
 
     # ---- what the loop writes and prints -------------------------------------------------------
@@ -437,6 +442,9 @@ class Trainer:
 
     def _evaluate(self, done: int, history: History, progress, last_good: Path | None = None) -> None:
         self.progress.last_val, samples = self.evaluator(self.model)
+        if self.ema is not None:  # the average, scored on the same windows
+            with self.ema.swapped_in():
+                self.progress.last_val["val/loss_ema"] = self.evaluator.loss(self.model)
         self._record({"step": done, **self.progress.last_val, "train/tokens": self.progress.tokens_seen}, history)
         self.logger.log_samples(samples, done)
         progress.console.print(val_line(done, self.progress.last_val))
@@ -459,7 +467,7 @@ class Trainer:
             "run_dir": str(self.run_dir), "run_id": self.run_id, "steps": done, "steps_planned": self.steps,
             "tokens": tokens_seen, "flops": tokens_seen * card["flops_per_token"],
             "max_flops": self.job.max_flops, "elapsed_s": round(elapsed, 2), "train_loss": seen["train_loss"],
-            "val_loss": last_val.get("val/loss"), "val_bpb": last_val.get("val/bpb"),
+            "val_loss": last_val.get("val/loss"), "val_loss_ema": last_val.get("val/loss_ema"), "val_bpb": last_val.get("val/bpb"),
             "val_ppl": last_val.get("val/ppl"), "val_accuracy": last_val.get("val/accuracy"),
             "objective": self.spec.objective.kind,
             "best_checkpoint": str(best_checkpoint(self.run_dir / "checkpoints") or ckpt_path),

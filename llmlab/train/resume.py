@@ -16,6 +16,7 @@ from llmlab.files import OLD, TMP
 from llmlab.train.checkpoint import Checkpoint, load_checkpoint, load_latest, save_checkpoint
 from llmlab.train.distributed import (barrier, broadcast, full_model_state, full_optimizer_state, gather,
                                       load_optimizer_state)
+from llmlab.train.ema import EMA_FILE
 from llmlab.train.recovery import STEP_IN_NAME
 from llmlab.train.state import Progress, RankRandom
 
@@ -119,6 +120,7 @@ class Resumable:
     distiller: Any  # a `Distiller`, or None
     progress: Progress
     window: Any  # the log window (`LogWindow`)
+    ema: Any = None  # the weights' moving average (`WeightAverage`), or None
 
 
 @dataclass
@@ -194,6 +196,14 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
     _load(parts.sampler.load_state_dict, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
     _load(parts.progress.load_state_dict, ckpt.state, "step count (state.json)", ckpt)
     _load(parts.window.load_state_dict, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)
+    if parts.ema is not None:
+        average = ckpt.ema_weights()
+        if average is None and not weights_only_ok:
+            raise UserError(f"train.ema: {ckpt.path} has no {EMA_FILE} (it was saved without train.ema), so the "
+                            "average cannot continue; pass train.resume_weights_only=true to start the average "
+                            "from its weights, or train.resume=null to start over")
+        if average is not None:
+            _load(parts.ema.load_state_dict, average, f"weight average ({EMA_FILE})", ckpt)
     ckpt.drop_trainer_state()
     console.out.print(f"resumed from {ckpt.path} at step {parts.progress.step}")
 
@@ -223,6 +233,7 @@ def save(parts: Resumable, record: RunRecord, dist) -> Path | None:
             state={"tokens_seen": progress["tokens_seen"], "val": progress["val"], "run_id": record.run_id,
                    "world_size": dist.world_size, "data_rng": parts.sampler.state_dict(), **record.data,
                    "log_window": window},
-            trainer_state=state, keep=record.keep, token_counts=record.token_counts())
+            trainer_state=state, keep=record.keep, token_counts=record.token_counts(),
+            ema=parts.ema.state_dict(weights) if parts.ema is not None else None)
     barrier(dist)
     return broadcast(path, dist)

@@ -32,6 +32,7 @@ class LoopConfig(Checked):
     grad_accum: int = bounded(1, at_least=1)
     batch_tokens: int | None = None  # tokens per optimizer step; when set, grad_accum = batch_tokens / (batch_size * max_seq_len)
     grad_clip: float = bounded(1.0, at_least=0)  # max global gradient norm; 0 turns clipping off
+    ema: float = bounded(0.0, at_least=0, below=1)  # decay of a moving average of the weights (0: none), saved and scored beside them
     z_loss: float = bounded(0.0, at_least=0)  # PaLM's auxiliary loss, z_loss * log(Z)^2 per token: keeps the logits' normaliser near 1
     log_every: int = bounded(10, at_least=1)
     eval_every: int = bounded(200, at_least=0)  # 0: only at the end
@@ -39,6 +40,9 @@ class LoopConfig(Checked):
     ckpt_every: int = bounded(200, at_least=0)  # 0: only at the end
     keep_checkpoints: int = bounded(2, at_least=0)
     compile: bool = False  # torch.compile the model
+    # keep fewer of the forward's activations and recompute the rest in the backward, for long contexts:
+    # full keeps each block's input only; selective keeps the matmuls' and attention's outputs too
+    activation_checkpointing: str = choice("none", ("none", "full", "selective"))
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
     sample_tokens: int = bounded(48, at_least=0)  # tokens completed per prompt at each eval
     resume: str | None = "auto"  # auto: continue from this run dir's latest checkpoint; a checkpoint path; null: fresh
@@ -228,6 +232,9 @@ def check_optimizer_fits(precision: str, loop: LoopConfig, optim) -> None:
     if loop.fsdp and several and int(os.environ.get("WORLD_SIZE") or 1) > 1:  # in one process nothing is sharded
         raise ConfigError(f"train.fsdp: optim={optim.kind} is not supported with FSDP; use DDP "
                           "(train.fsdp=false) or optim=adamw")
+    if loop.fsdp and loop.ema and int(os.environ.get("WORLD_SIZE") or 1) > 1:
+        raise ConfigError(f"train.ema: {loop.ema:g} keeps a whole copy of the weights on every rank, which FSDP "
+                          "shards; use DDP (train.fsdp=false) or train.ema=0")
 
 
 def check_head_loss(loop: LoopConfig, spec) -> None:
@@ -281,7 +288,10 @@ def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillCo
                (spec.model.mtp_heads > 0, "model.mtp_heads (their targets cross the slices)"),
                (bool(distill.teacher), "distill.teacher (the teacher reads whole sequences)"),
                (loop.fsdp, "train.fsdp (context parallel runs with DDP)"),
-               (loop.compile, "train.compile (the ring's messages break the graph)")]
+               (loop.compile, "train.compile (the ring's messages break the graph)"),
+               (loop.activation_checkpointing != "none",
+                f"train.activation_checkpointing={loop.activation_checkpointing} (a recomputed block would send "
+                "the ring's messages again)")]
     for bad, what in refused:
         if bad:
             raise ConfigError(f"{key}: {n} cannot be combined with {what}; set {key}=1 or change it")

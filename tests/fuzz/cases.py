@@ -49,7 +49,7 @@ VICTIM = b"outside the case: a planted link leads here\n"
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
         "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
-        "train.prompts=[x]", "train.eval_every=3", "train.ckpt_every=3"]
+        "train.prompts=[x]", "train.eval_every=3", "train.ckpt_every=3", "train.ema=0.5"]
 STEPS = 6
 TEXT = ("def parse(line):\n    return [int(x) for x in line.split(',')]\n\n"
         "class Table:\n    def __init__(self, rows):\n        self.rows = rows\n") * 40
@@ -76,12 +76,13 @@ OVERRIDE_KEYS = {
               "model/attention=mla attention.kv_rank", "model/attention=swa attention.window",
               "model/attention=dsa attention.topk", "model/ffn=moe ffn.top_k", "sched=wsd sched.decay_fraction",
               "sched.warmup_share", "model.parametrization", "train.max_time", "train.batch_tokens", "train.fsdp",
-              "train.context_parallel"],
-    "sample": ["max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "num_samples",
+              "train.context_parallel", "train.ema", "train.z_loss", "model.logit_softcap",
+              "train.activation_checkpointing"],
+    "sample": ["max_new_tokens", "weights", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "num_samples",
                "seed", "device", "precision", "pack_weights", "prompt", "draft", "spec.k", "spec.mtp",
                "spec.draft_vocab", "stop_at_eos", "nonsense"],
-    "eval": ["max_batches", "max_tokens", "batch_size", "split", "device", "precision", "analysis", "nonsense"],
-    "export": ["format", "out", "overwrite", "nonsense"],
+    "eval": ["max_batches", "max_tokens", "batch_size", "split", "device", "precision", "analysis", "weights", "nonsense"],
+    "export": ["format", "out", "overwrite", "weights", "nonsense"],
     "report": ["out", "nonsense"],
     "tokenize": ["tokenizer", "tokenizer.vocab_size", "data.val_fraction", "data.workers", "data.shard_tokens",
                  "cache_dir", "nonsense"],
@@ -316,13 +317,14 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
             agree_manifest(target)
         which = rng.randrange(5)
         named = run if rng.random() < 0.6 else target
+        weights = ["weights=ema"] if rng.random() < 0.5 else []  # ema.safetensors read as the model's weights
         case.on_run_dir = named == run
         if which == 0:
-            case.command = ["sample", f"ckpt={named}", "max_new_tokens=4", "prompt=x"]
+            case.command = ["sample", f"ckpt={named}", "max_new_tokens=4", "prompt=x", *weights]
         elif which == 1:
-            case.command = ["eval", f"ckpt={named}", "max_batches=2"]
+            case.command = ["eval", f"ckpt={named}", "max_batches=2", *weights]
         elif which == 2:
-            case.command = ["export", f"ckpt={named}", f"out={case_dir / 'hf'}"]
+            case.command = ["export", f"ckpt={named}", f"out={case_dir / 'hf'}", *weights]
         else:  # a killed run resumed by the same command
             (run / "summary.json").unlink()
             case.command, case.on_run_dir = resume, True
