@@ -57,6 +57,7 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.speculative
 	$(PYTHON) -m bench.decode_vs_hf$(if $(wildcard $(SHAKESPEARE)), --data "$(SHAKESPEARE)")
 	$(PYTHON) -m bench.head_loss
+	$(PYTHON) -m bench.activation_checkpointing
 	$(PYTHON) -m bench.cli
 
 bench-long: install  ## the hour-long studies: tokenize at 200 MB / 1 GB / 2 GB, the default recipe's search, muP's learning-rate transfer, IsoFLOP studies (one of cooldown branches, and what branches save) and the pooled hold-out table
@@ -75,6 +76,7 @@ bench-gpu: install  ## GPT-2-124M on one CUDA GPU against a plain PyTorch loop, 
 	$(PYTHON) -m bench.gpu_probe --variants base,plainloss,bs64 --profile --name gpu_probe_head_loss
 	$(PYTHON) -m bench.decode_vs_hf --gpt2 --device cuda --precision bf16 --name gpt2_cuda_bf16
 	$(PYTHON) -m bench.head_loss
+	$(PYTHON) -m bench.activation_checkpointing
 	$(PYTHON) -m bench.cli
 
 clean:  ## run outputs, prepared data and build leftovers (keeps .venv)
