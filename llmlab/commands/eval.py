@@ -1,8 +1,8 @@
 """llmlab eval: checkpoint + data -> loss, perplexity, bits per byte, per-position loss, and
-optionally an analysis (``analysis=attention``)."""
+optionally an analysis (``analysis=attention``) and multiple-choice tasks (``tasks=[file.jsonl]``)."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class EvalConfig(Checked):
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)
     cache_dir: str | None = None
+    tasks: list[str] = field(default_factory=list)  # multiple-choice task files (JSON lines) scored by likelihood
     data: Any = section()
     analysis: Any = section()
 
@@ -69,7 +70,15 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     from llmlab.train.checkpoint import build_model, load_checkpoint
     from llmlab.train.device import autocast, keep_freed_memory, resolve_device, resolve_precision
 
+    from llmlab.eval.tasks import read_task
+
+    tasks = {}  # a malformed line is one line before the model loads
+    for p in job.tasks:
+        tasks[Path(p).stem if Path(p).stem not in tasks else p] = read_task(p)
     ckpt = load_checkpoint(job.ckpt)
+    if tasks and not ckpt.causal:
+        raise UserError(f"tasks: {ckpt.path} is a masked-token model (objective={ckpt.objective}), which scores no "
+                        "continuation; tasks need a left-to-right one (objective=clm)")
     device = resolve_device(job.device)
     precision = resolve_precision(job.precision, device)
     if device.type == "cpu":
@@ -109,11 +118,32 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     atomic_write_text(run_dir / "per_position.json", json.dumps({"source": source, **per_position}))
     what = "loss" if causal else "masked-token loss"
     per_position_plot(per_position, run_dir / "per_position.png", f"{what} by position: {source}, {ckpt.path.name}")
+    if tasks:
+        result["tasks"] = run_tasks(tasks, model, ckpt.tokenizer(), device, autocast(device, precision))
     out = run_dir / "eval.json"
     atomic_write_text(out, json.dumps(result, indent=2))
     console.out.print(f"results: {out}; loss by position: {run_dir / 'per_position.png'}")
     if job.analysis is not None:
         run_analysis(job, ckpt, model, tokens, device, run_dir)
+
+
+def run_tasks(tasks: dict, model, tokenizer, device, amp) -> dict:
+    """Each task's accuracies, and a table of them."""
+    from rich.table import Table
+
+    from llmlab import console
+    from llmlab.eval.tasks import score_task
+
+    scored = {name: score_task(model, tokenizer, questions, device, amp) for name, questions in tasks.items()}
+    table = Table(title="tasks: accuracy by likelihood (95% interval)", title_justify="left")
+    for col in ("task", "questions", "acc", "acc_norm", "chance"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for name, s in scored.items():
+        table.add_row(name, f"{s['n']:,}", f"{s['acc']:.3f} [{s['acc_ci95'][0]:.3f}, {s['acc_ci95'][1]:.3f}]",
+                      f"{s['acc_norm']:.3f} [{s['acc_norm_ci95'][0]:.3f}, {s['acc_norm_ci95'][1]:.3f}]",
+                      f"{s['chance']:.3f}")
+    console.out.print(table)
+    return scored
 
 
 def run_analysis(job: EvalConfig, ckpt, model, tokens, device, run_dir: Path) -> None:

@@ -43,7 +43,7 @@ from typing import Callable
 
 CANARY = "FUZZ_CANARY"
 HANG_S = 120
-FAMILIES = ("checkpoint", "checkpoint+manifest", "run", "cache", "overrides", "links")
+FAMILIES = ("checkpoint", "checkpoint+manifest", "run", "cache", "overrides", "links", "task")
 DEFECTS = ("traceback", "multi-line", "canary", "outside", "victim", "older-ckpt", "signal", "hang", "silent-fallback")
 VICTIM = b"outside the case: a planted link leads here\n"
 
@@ -51,6 +51,10 @@ TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_se
         "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
         "train.prompts=[x]", "train.eval_every=3", "train.ckpt_every=3", "train.ema=0.5"]
 STEPS = 6
+# a task file's lines in each layout `llmlab.eval.tasks` reads
+TASK_LINES = [{"ctx": "def f(x):\n    return", "endings": [" x", " y", " z"], "label": 0},
+              {"question": "import", "choices": {"text": [" os", " sys"], "label": ["A", "B"]}, "answerKey": "A"},
+              {"goal": "for i in", "sol1": " range(3):", "sol2": " nothing", "label": 0}]
 TEXT = ("def parse(line):\n    return [int(x) for x in line.split(',')]\n\n"
         "class Table:\n    def __init__(self, rows):\n        self.rows = rows\n") * 40
 
@@ -355,6 +359,20 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
                          else mutate_bytes(rng, target))
         case.command = (["tokenize", *data, "tokenizer=byte"] if rng.random() < 0.5
                         else ["train", *data, *TINY, "train.steps=2", "hydra.run.dir=other"])
+    elif family == "task":  # a multiple-choice task file (llmlab eval tasks=[...]), edited by hand or crafted
+        task = case_dir / "task.jsonl"
+        lines = [json.dumps(q) for q in TASK_LINES]
+        i = rng.randrange(len(lines))
+        if rng.random() < 0.7:  # one line's JSON, edited as any JSON file is
+            one = case_dir / "line.json"
+            one.write_text(lines[i])
+            case.what = f"task.jsonl line {i + 1}: " + mutate_json_value(rng, one)
+            lines[i] = one.read_text().replace("\n", " ")
+            task.write_text("\n".join(lines) + "\n")
+        else:
+            task.write_text("\n".join(lines) + "\n")
+            case.what = mutate_bytes(rng, task)
+        case.command = ["eval", f"ckpt={run}", f"tasks=[{task}]", "max_batches=2", f"hydra.run.dir={case_dir / 'ev'}"]
     elif family == "links":
         case.command, case.what, case.victims = plant_link(rng, case_dir, run, resume)
         case.on_run_dir = case.command is resume
