@@ -67,7 +67,7 @@ def parse_flops(value: Any, key: str) -> float:
 RUN_ID_IGNORES = {"hydra", "logger", "device", "cache_dir"}
 RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps", "log_every", "keep_checkpoints", "prompts",
                         "sample_tokens", "ckpt_every", "compile", "fsdp", "head_loss", "context_parallel",
-                        "activation_checkpointing"}
+                        "activation_checkpointing", "eval_tasks"}
 
 
 # Settings added after runs existed: at these values a run trains what it trained before they

@@ -70,11 +70,9 @@ def run(job: EvalConfig, run_dir: Path) -> None:
     from llmlab.train.checkpoint import build_model, load_checkpoint
     from llmlab.train.device import autocast, keep_freed_memory, resolve_device, resolve_precision
 
-    from llmlab.eval.tasks import read_task
+    from llmlab.eval.tasks import task_files
 
-    tasks = {}  # a malformed line is one line before the model loads
-    for p in job.tasks:
-        tasks[Path(p).stem if Path(p).stem not in tasks else p] = read_task(p)
+    tasks = task_files(job.tasks)  # a malformed line is one line before the model loads
     ckpt = load_checkpoint(job.ckpt)
     if tasks and not ckpt.causal:
         raise UserError(f"tasks: {ckpt.path} is a masked-token model (objective={ckpt.objective}), which scores no "

@@ -143,3 +143,12 @@ def score_task(model, tokenizer, questions: list[Question], device: torch.device
     chance = sum(1 / len(q.choices) for q in questions) / n
     return {"n": n, "acc": hits / n, "acc_ci95": wilson(hits, n), "acc_norm": hits_norm / n,
             "acc_norm_ci95": wilson(hits_norm, n), "chance": chance}
+
+
+def task_files(paths: list[str]) -> dict[str, list[Question]]:
+    """Each task file's questions by the file's name (its path where two files share a name)."""
+    out: dict[str, list[Question]] = {}
+    for p in paths:
+        out[Path(p).stem if Path(p).stem not in out else p] = read_task(p)
+    return out
+

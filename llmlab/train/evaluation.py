@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from llmlab.eval.loss import bits_per_byte, evaluate_loss
+from llmlab.eval.tasks import score_task
 from llmlab.model.transformer import Transformer
 from llmlab.sample.generate import SamplingConfig, generate
 from llmlab.train.settings import LoopConfig
@@ -33,6 +34,7 @@ class Evaluator:
     bytes_per_token: float  # of the validation split, for bits per byte
     seed: int
     device: torch.device
+    tasks: dict = field(default_factory=dict)  # train.eval_tasks: each file's questions, by its name
 
     def loss(self, model: Transformer) -> float:
         """The validation loss alone, on the same windows."""
@@ -50,6 +52,9 @@ class Evaluator:
         samples = []
         if model.objective.causal:  # bits per byte of a masked-token loss would mean nothing
             out["val/bpb"] = bits_per_byte(res["loss"], 1, self.bytes_per_token)
+            for name, questions in self.tasks.items():
+                scored = score_task(model, self.tokenizer, questions, self.device, self.amp)
+                out[f"val/task/{name}/acc"], out[f"val/task/{name}/acc_norm"] = scored["acc"], scored["acc_norm"]
             if math.isfinite(res["loss"]):  # a diverged model has nothing to say
                 samples = complete_prompts(model, self.tokenizer, loop.prompts, loop.sample_tokens, self.device,
                                            self.seed)

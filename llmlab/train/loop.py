@@ -23,6 +23,7 @@ import torch
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_ids, check_length
 from llmlab.data.prepare import cache_root, prepare
+from llmlab.eval.tasks import task_files
 from llmlab.files import RunLock, atomic_write_text, disk_error, open_append, own_dir
 from llmlab.model import ring
 from llmlab.model.transformer import Transformer
@@ -149,7 +150,7 @@ class Trainer:
                                  "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
                                 self.weight_names, loop.keep_checkpoints, self.token_counts)
         self.evaluator = Evaluator(self.val_tokens, self.seq_len, loop, self.amp, self.distiller, self.tokenizer,
-                                   self.bytes_per_token_val, job.seed, self.device)
+                                   self.bytes_per_token_val, job.seed, self.device, task_files(loop.eval_tasks))
         dist = self.dist
         if loop.fsdp and not dist.enabled:
             console.out.print("train.fsdp: one process holds the whole model, so nothing is sharded; start several "

@@ -44,6 +44,7 @@ class LoopConfig(Checked):
     # full keeps each block's input only; selective keeps the matmuls' and attention's outputs too
     activation_checkpointing: str = choice("none", ("none", "full", "selective"))
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
+    eval_tasks: list[str] = field(default_factory=list)  # multiple-choice task files scored at each evaluation (as llmlab eval tasks=)
     sample_tokens: int = bounded(48, at_least=0)  # tokens completed per prompt at each eval
     resume: str | None = "auto"  # auto: continue from this run dir's latest checkpoint; a checkpoint path; null: fresh
     resume_weights_only: bool = False  # a checkpoint without trainer.pt: continue from its weights, fresh optimizer
@@ -206,6 +207,15 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     check_branch_ends(loop, sched)
     check_optimizer_fits(top.precision, loop, optim)
     check_head_loss(loop, spec)
+    if loop.eval_tasks:  # a malformed task file is one line before any work
+        from llmlab.eval.tasks import read_task
+        from llmlab.model.objective import OBJECTIVE
+
+        if not OBJECTIVE.get(spec.objective.kind, "objective").causal:
+            raise ConfigError(f"train.eval_tasks: objective={spec.objective.kind} scores no continuation; tasks need "
+                              "objective=clm")
+        for path in loop.eval_tasks:
+            read_task(path)
     from llmlab.model.transformer import check_sizes
 
     check_sizes(spec)

@@ -101,3 +101,21 @@ def test_eval_scores_a_task_file_into_eval_json(corpus_dir, tmp_path):
     done = run_cli("eval", f"ckpt={tmp_path / 'run'}", f"tasks=[{task}]", cwd=tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip() == (f"llmlab: error: tasks: {task}, line 7: the choices are not a list of two or more")
+
+
+def test_a_run_scores_its_tasks_at_each_evaluation_and_a_bad_file_stops_it_before_any_work(corpus_dir, tmp_path):
+    from llmlab.train.loop import run_training
+    from tests.train.test_loop import config
+
+    task = tmp_path / "piqa.jsonl"
+    task.write_text("\n".join(json.dumps({"goal": f"x{i}", "sol1": " = 1", "sol2": " qq", "label": i % 2})
+                              for i in range(4)) + "\n")
+    run_training(config(corpus_dir, tmp_path, steps=6, eval_every=3, eval_tasks=[str(task)]), tmp_path / "run")
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if "val/loss" in line]
+    assert [e["step"] for e in evals] == [3, 6]
+    assert all(e["val/task/piqa/acc"] in (0, 0.25, 0.5, 0.75, 1) and "val/task/piqa/acc_norm" in e for e in evals)
+    task.write_text('{"goal": "x", "sol1": "a"}\n')
+    with pytest.raises(UserError, match=rf"^tasks: {task}, line 1: "):
+        from llmlab.train.settings import check_train_config
+        check_train_config(config(corpus_dir, tmp_path, eval_tasks=[str(task)]))
