@@ -11,21 +11,8 @@ import torch
 
 from llmlab.model.attention import ATTENTION
 from llmlab.model.packing import packing_supported
-from tests.conftest import check_cli, run_cli, the_error_line, tiny_model
-
-TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32", "tokenizer=byte",
-        "logger=none", "train.batch_size=2", "train.log_every=1", "train.eval_windows=2", "train.sample_tokens=4",
-        "train.prompts=[x]"]
-
-
-def one_line_error(result, code: int, *fragments: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
-    line = the_error_line(result.stderr)
-    assert line is not None, result.stderr.strip()  # progress bars may come before it; one error line, the last
-    for fragment in fragments:
-        assert fragment in line, (fragment, line)
-    return line
+from tests.conftest import check_cli, run_cli
+from tests.helpers import TINY, one_line_error, train_a_tiny_run
 
 
 def test_no_command_lists_the_commands(tmp_path):
@@ -334,22 +321,6 @@ def test_corpus_smaller_than_one_block(tmp_path):
     one_line_error(r, 1, "fewer than one block")
 
 
-def train_a_tiny_run(tmp_path_factory, process: bool):
-    """tokenize, then train a tiny model for a few steps, as a user would: in fresh processes
-    (``process``), or in this one (the same code, without two interpreters' start-up)."""
-    from tests.conftest import write_corpus
-    root = tmp_path_factory.mktemp("e2e")
-    corpus = write_corpus(root, repeat=3)
-    data = ["data=text", f"data.paths=[{corpus}/*]"]
-    tok = run_cli("tokenize", *data, "tokenizer=byte", process=process, cwd=root)
-    assert tok.returncode == 0, tok.stderr
-    assert "bytes/token" in tok.stdout
-    train = run_cli("train", *data, *TINY, "train.steps=6", "train.eval_every=3", "train.ckpt_every=3",
-                    "hydra.run.dir=outputs/run", process=process, cwd=root)
-    assert train.returncode == 0, train.stderr
-    return root, train
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The run these tests share, made by real `llmlab tokenize` and `llmlab train` processes."""
@@ -586,7 +557,7 @@ def test_export_to_transformers_scores_like_llmlab_eval(trained):
     root, _ = trained
     import numpy as np
 
-    from tests.export.test_hf import hf_loss
+    from tests.helpers import hf_loss
     r = run_cli("export", "ckpt=outputs/run", "out=exported", process=True, cwd=root)
     assert r.returncode == 0, r.stderr
     assert "Qwen3ForCausalLM" in r.stdout  # the default model's q/k norms are Qwen3's

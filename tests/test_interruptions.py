@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.test_cli import TINY
+from tests.helpers import TINY
 
 
 # one signal in the fast tier: both reach the same handler (`StopPolicy`); SIGTERM in the slow one

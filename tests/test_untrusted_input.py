@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import check_cli, run_cli
-from tests.test_cli import TINY, one_line_error, train_a_tiny_run
+from tests.helpers import TINY, one_line_error, train_a_tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_accuracy_on_a_task_whose_answers_are_known():
 def test_eval_scores_a_task_file_into_eval_json(corpus_dir, tmp_path):
     from llmlab.train.loop import run_training
     from tests.conftest import run_cli
-    from tests.train.test_loop import config
+    from tests.helpers import config
 
     run_training(config(corpus_dir, tmp_path, steps=4, eval_every=0), tmp_path / "run")
     task = tmp_path / "arc.jsonl"
@@ -105,7 +105,7 @@ def test_eval_scores_a_task_file_into_eval_json(corpus_dir, tmp_path):
 
 def test_a_run_scores_its_tasks_at_each_evaluation_and_a_bad_file_stops_it_before_any_work(corpus_dir, tmp_path):
     from llmlab.train.loop import run_training
-    from tests.train.test_loop import config
+    from tests.helpers import config
 
     task = tmp_path / "piqa.jsonl"
     task.write_text("\n".join(json.dumps({"goal": f"x{i}", "sol1": " = 1", "sol2": " qq", "label": i % 2})

@@ -6,7 +6,6 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import UserError
@@ -14,7 +13,8 @@ from llmlab.eval.loss import evaluate_loss
 from llmlab.export.hf import export_hf
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.train.checkpoint import build_model, load_checkpoint, save_checkpoint
-from tests.model.test_presets import composed
+from tests.helpers import composed
+from tests.helpers import hf_loss
 
 
 def checkpoint(tmp_path, *overrides):
@@ -32,18 +32,6 @@ def checkpoint(tmp_path, *overrides):
     path = save_checkpoint(tmp_path / "ckpts", 1, model, spec.to_dict(), cfg, tmp_path / "tokenizer.json",
                            {"eos": tok.eos})
     return load_checkpoint(path)
-
-
-def hf_loss(directory, tokens: np.ndarray, block: int) -> float:
-    """Mean next-token loss of the transformers model over the same fixed windows."""
-    import transformers  # a test dependency (pip install -e ".[test]"), loaded where used, not at collection
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
-    n = (len(tokens) - 1) // block
-    windows = torch.from_numpy(np.stack([tokens[i * block:i * block + block + 1] for i in range(n)])).long()
-    with torch.no_grad():
-        logits = model(windows[:, :-1]).logits
-    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), windows[:, 1:].reshape(-1)))
 
 
 CASES = {

@@ -62,7 +62,7 @@ def test_checkpointing_keeps_only_each_blocks_input_for_the_backward():
 
 def test_a_run_with_full_checkpointing_logs_the_losses_of_one_without(corpus_dir, tmp_path):
     from llmlab.train.loop import run_training
-    from tests.train.test_loop import config
+    from tests.helpers import config
 
     curves = {}
     for mode in ("none", "full"):
@@ -75,7 +75,7 @@ def test_a_run_with_full_checkpointing_logs_the_losses_of_one_without(corpus_dir
 
 def test_checkpointing_is_refused_beside_the_ring():
     from llmlab.errors import ConfigError
-    from tests.train.test_settings import job_of
+    from tests.helpers import job_of
 
     with pytest.raises(ConfigError, match=r"^train.context_parallel: 2 cannot be combined with "
                                           r"train.activation_checkpointing=full"):

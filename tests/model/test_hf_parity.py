@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from llmlab.model.transformer import Transformer
-from tests.model.test_presets import composed
+from tests.helpers import composed
 
 
 def build(preset: str, ffn: str | None = None, **model) -> Transformer:

@@ -3,13 +3,13 @@
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from hydra import initialize_config_dir
 
 from llmlab.cli import register_parts
 from llmlab.paths import conf_dir
 from llmlab.model.attention import ATTENTION
 from llmlab.model.transformer import ModelSpec, Transformer
+from tests.helpers import composed
 
 def group_options(group: str) -> list[str]:
     """The options of a config group: YAML files under conf/ and registered Config dataclasses."""
@@ -21,12 +21,6 @@ def group_options(group: str) -> list[str]:
 
 
 PRESETS = group_options("model")
-
-
-def composed(*overrides: str) -> dict:
-    register_parts()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return OmegaConf.to_container(compose("train", overrides=list(overrides)), resolve=True)
 
 
 def test_every_documented_preset_exists():

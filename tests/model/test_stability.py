@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from llmlab.model.transformer import lean_decoding
 from llmlab.train.card import spike
 from tests.conftest import tiny_model
-from tests.model.test_transformer import incremental_logits
+from tests.helpers import incremental_logits
 
 
 def test_the_cap_bounds_every_logit_as_tanh_does_and_decoding_sees_the_same_cap():
@@ -67,7 +67,7 @@ def test_a_spike_is_well_above_the_recent_losses_and_a_falling_loss_is_none():
                                             (("model.logit_softcap=30",), "model.logit_softcap=30")])
 def test_the_fused_head_loss_is_refused_beside_what_reads_the_logits(overrides, key):
     from llmlab.errors import ConfigError
-    from tests.train.test_settings import job_of
+    from tests.helpers import job_of
 
     with pytest.raises(ConfigError, match=rf"^train.head_loss: fused never holds the logits, which {key}"):
         job_of("train.head_loss=fused", *overrides)

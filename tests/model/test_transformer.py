@@ -14,6 +14,7 @@ from llmlab.model.position import POSITION
 from llmlab.model.transformer import ModelSpec, Transformer
 from llmlab.sample.generate import SamplingConfig, generate
 from tests.conftest import test_config, test_configs, tiny_model, tiny_spec
+from tests.helpers import incremental_logits
 
 # Each kind's small test settings, so that windows, groups and latents are really exercised at width 32
 ATTN = {c["kind"]: c for c in test_configs(ATTENTION)}
@@ -48,13 +49,6 @@ def test_every_ffn_trains(ffn):
     out = model(x, x)
     out.loss.backward()
     assert torch.isfinite(out.loss)
-
-
-def incremental_logits(model, x, cuts):
-    """Feed x through the cache in the chunks that ``cuts`` mark."""
-    cache = model.new_cache(x.shape[0])
-    bounds = [0, *cuts, x.shape[1]]
-    return torch.cat([model(x[:, a:b], cache=cache).logits for a, b in zip(bounds, bounds[1:])], dim=1)
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import check_cli, run_cli
 from tests.train import test_distributed as distributed
-from tests.train.test_distributed import losses
+from tests.helpers import losses
 
 STEPS = 20
 

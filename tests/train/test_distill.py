@@ -10,7 +10,7 @@ from llmlab.errors import ConfigError, UserError
 from llmlab.train.distill import distill_kl
 from llmlab.train.loop import run_training
 from tests.conftest import write_corpus
-from tests.train.test_loop import config
+from tests.helpers import config
 
 
 def records(run):

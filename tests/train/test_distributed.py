@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_cli, seed_peak
+from tests.helpers import losses
 
 STEPS = 10
 
@@ -35,11 +36,6 @@ def torchrun(*args: str, cwd: Path, ranks: int = 2) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone",
                            "-m", "llmlab", "train", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
                           env=env)
-
-
-def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from llmlab.errors import UserError
 from llmlab.train.ema import WeightAverage
 from llmlab.train.loop import run_training
 from tests.conftest import run_cli, tiny_model
-from tests.train.test_loop import config
+from tests.helpers import config
 
 
 def test_the_average_follows_its_update_rule_and_swaps_in_and_out():

@@ -23,7 +23,7 @@ from llmlab.errors import UserError
 from llmlab.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from llmlab.train.recovery import completeness, recover_checkpoints
 from tests.conftest import REPO, SAMPLE_TEXTS, run_cli, tiny_model
-from tests.test_cli import TINY, one_line_error
+from tests.helpers import TINY, one_line_error
 
 # A process that imports torch once, then for each line on stdin forks a child that saves step
 # 60 once, then re-saves it over and over with new weights; the test kills that child with

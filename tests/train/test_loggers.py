@@ -30,7 +30,7 @@ def test_wandb_offline_run_receives_what_the_run_logged(corpus_dir, tmp_path, mo
     from wandb.sdk.wandb_run import Run
 
     from llmlab.train.loop import run_training
-    from tests.train.test_loop import config
+    from tests.helpers import config
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     sent: list[tuple[int, dict]] = []

@@ -8,23 +8,7 @@ import pytest
 import torch
 
 from llmlab.train.loop import run_training
-
-
-def config(corpus_dir, tmp_path, **train):
-    # one file of all the sample texts, split at its tail: train and val share a distribution
-    mixed = tmp_path / "mixed.txt"
-    mixed.write_text("".join(p.read_text() for p in sorted(corpus_dir.iterdir())) * 3)
-    return {
-        "seed": 0, "device": "cpu", "precision": "auto", "cache_dir": str(tmp_path / "cache"),
-        "data": {"kind": "text", "paths": [str(mixed)], "val_fraction": 0.25},
-        "tokenizer": {"kind": "byte"},
-        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 32},
-        "attention": {"kind": "mha"}, "norm": {"placement": "pre", "kind": "rmsnorm"}, "pos": {"kind": "rope"},
-        "optim": {"kind": "adamw", "lr": 3e-3}, "sched": {"kind": "cosine", "warmup": 5},
-        "logger": {"kind": "none"},
-        "train": {"steps": 60, "batch_size": 8, "log_every": 5, "eval_every": 30, "eval_windows": 8,
-                  "ckpt_every": 0, "sample_tokens": 4, "prompts": ["x"], **train},
-    }
+from tests.helpers import config
 
 
 def test_training_lowers_the_validation_loss(corpus_dir, tmp_path):

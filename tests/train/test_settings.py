@@ -6,20 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from llmlab.cli import register_parts
-from llmlab.paths import conf_dir
 from llmlab.train.loggers import LOGGER
 from llmlab.train.settings import check_train_config
-
-
-def job_of(*overrides: str):
-    register_parts("train")
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = OmegaConf.to_container(compose("train", overrides=list(overrides)), resolve=True)
-    return check_train_config(cfg), cfg
+from tests.helpers import job_of
 
 
 def test_derived_values_are_computed_once_and_the_settings_stay_as_written():

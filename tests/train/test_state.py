@@ -12,7 +12,7 @@ from llmlab.errors import UserError
 from llmlab.train.loop import run_training
 from llmlab.train.optim import OPTIMIZER
 from tests.conftest import write_corpus
-from tests.train.test_loop import config
+from tests.helpers import config
 
 
 @pytest.mark.parametrize("edit, part", [
