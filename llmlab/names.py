@@ -74,7 +74,7 @@ RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps"
 # existed, so they stay out of its id (a run keeps its id, and resumes, across the upgrade).
 RUN_ID_ADDED = {"sched": {"warmup_share": None, "branches": [], "branch_flops": []}, "model": {"parametrization": "standard", "logit_softcap": None},
                 "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6},
-                "train": {"z_loss": 0.0, "ema": 0.0}}
+                "train": {"z_loss": 0.0, "ema": 0.0}, "data": {"doc_mask": False}}
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
 # train.steps's default before the default recipe changed, and now: a budget run (max_flops,
 # max_tokens) never uses it and cannot set it, so its id keeps the old value

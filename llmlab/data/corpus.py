@@ -37,6 +37,7 @@ class Corpus:
         val_fraction: float = bounded(0.05, above=0, below=1)
         workers: int | None = bounded(None, at_least=1)  # processes that encode; null: every core (the tokens do not depend on it)
         shard_tokens: int = bounded(100_000_000, at_least=1)  # tokens per shard file of the prepared data (its layout, not its tokens)
+        doc_mask: bool = False  # training windows: attention stays inside each document (a block-causal mask)
 
     def __init__(self, cfg):
         self.cfg = cfg

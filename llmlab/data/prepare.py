@@ -90,7 +90,7 @@ class Prepared:
 
 
 # data settings that change how an entry is made or laid out, not its tokens: not in the key
-NOT_IN_KEY = ("workers", "shard_tokens")
+NOT_IN_KEY = ("workers", "shard_tokens", "doc_mask")
 
 
 def settings_key(data_cfg: Any, tok_cfg: Any, fingerprint: Mapping[str, Any], tok_fingerprint: Mapping[str, Any]) -> str:

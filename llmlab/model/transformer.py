@@ -24,6 +24,7 @@ from llmlab.model.config import ATTENTION, BLOCK, FFN, NORM, OBJECTIVE, POSITION
 from llmlab.model.ffn import round_up
 from llmlab.model.loss import linear_cross_entropy, use_fused
 from llmlab.model.objective import IGNORE
+from llmlab.model.position import DocumentView
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Transformer(nn.Module):
         self.spec = spec
         self.softcap = spec.model.logit_softcap
         self.checkpointing = "none"  # train.activation_checkpointing, which the trainer sets
+        self.doc_eos: int | None = None  # data.doc_mask: the id that ends a document; attention stays inside one
         m = spec.model
         self.objective = OBJECTIVE.build(spec.objective)
         self.vocab_size = spec.vocab_size
@@ -149,6 +151,8 @@ class Transformer(nn.Module):
         positions = torch.arange(start, start + T, device=idx.device)
         x = self.pos.embed(self.embed(idx), positions)  # (B, T, d)
         pos = self.pos.view(positions)  # what attention asks of the position scheme this pass
+        if self.doc_eos is not None and cache is None and start == 0:  # data.doc_mask
+            pos = DocumentView(pos, documents(idx, self.doc_eos))
         all_weights = []
         recompute = self.checkpointing != "none" and cache is None and not need_weights and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
@@ -373,4 +377,11 @@ def _keep_matmuls():
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
     return create_selective_checkpoint_contexts(policy)
+
+
+def documents(idx: torch.Tensor, eos: int) -> torch.Tensor:
+    """(B, T) the document of each position: the end-of-document tokens before it, so that the
+    token that ends a document is its document's last and the one after it begins the next."""
+    ends = idx == eos
+    return torch.cumsum(ends, dim=1) - ends.long()
 

@@ -408,7 +408,11 @@ def build_model(ckpt: Checkpoint, device: torch.device, weights: str = "raw"):
         load_weights(model, average, ckpt.path / EMA_FILE, "its model.json")
     else:
         load_weights(model, ckpt.weights, ckpt.path)
-    check_vocab(ckpt.tokenizer().vocab_size, spec.vocab_size, ckpt.path)
+    tokenizer = ckpt.tokenizer()
+    check_vocab(tokenizer.vocab_size, spec.vocab_size, ckpt.path)
+    data = ckpt.config.get("data") if isinstance(ckpt.config, dict) else None
+    if isinstance(data, dict) and data.get("doc_mask") is True:  # trained inside documents: scored so too
+        model.doc_eos = tokenizer.eos_id
     return model.to(device).eval()
 
 

@@ -23,6 +23,7 @@ import torch
 from llmlab import console
 from llmlab.data.batches import RandomWindows, check_ids, check_length
 from llmlab.data.prepare import cache_root, prepare
+from llmlab.errors import UserError
 from llmlab.eval.tasks import task_files
 from llmlab.files import RunLock, atomic_write_text, disk_error, open_append, own_dir
 from llmlab.model import ring
@@ -206,6 +207,11 @@ class Trainer:
     def _build_model(self) -> None:
         self.model = model = Transformer(self.spec).to(self.device)
         model.checkpointing = self.loop.activation_checkpointing
+        if self.job.data.doc_mask:  # attention stays inside each document of a window
+            if self.tokenizer.eos_id is None:
+                raise UserError("data.doc_mask: the prepared data marks no document's end (its tokenizer has no "
+                                "end-of-document token), so no boundary can be kept; drop data.doc_mask")
+            model.doc_eos = self.tokenizer.eos_id
         self._plan_length(model)
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)

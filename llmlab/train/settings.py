@@ -220,7 +220,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
 
     check_sizes(spec)
     if loop.context_parallel > 1:
-        check_context_parallel(loop, spec, distill)
+        check_context_parallel(loop, spec, distill, data)
     return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
                     data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
                     distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg)
@@ -281,7 +281,7 @@ def check_branch_ends(loop: LoopConfig, sched) -> None:
                                   f"{budget:.3g}; a branch ends before the run it leaves")
 
 
-def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillConfig) -> None:
+def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillConfig, data) -> None:
     """What ``train.context_parallel`` can split: one line naming the first setting it cannot
     train with."""
     from llmlab.model.config import ATTENTION, POSITION
@@ -299,6 +299,7 @@ def check_context_parallel(loop: LoopConfig, spec: ModelSpec, distill: DistillCo
                (bool(distill.teacher), "distill.teacher (the teacher reads whole sequences)"),
                (loop.fsdp, "train.fsdp (context parallel runs with DDP)"),
                (loop.compile, "train.compile (the ring's messages break the graph)"),
+               (data.doc_mask, "data.doc_mask (the ring attends without a mask)"),
                (loop.activation_checkpointing != "none",
                 f"train.activation_checkpointing={loop.activation_checkpointing} (a recomputed block would send "
                 "the ring's messages again)")]

@@ -25,6 +25,10 @@ from llmlab.model.kept import kept_tensors
 class PositionView:
     """What attention asks of the position scheme in one forward pass; by default nothing."""
 
+    #: (B, T) the document each position of the window belongs to, where attention must not
+    #: cross documents (``data.doc_mask``, `with_documents`); None: one stream
+    documents: torch.Tensor | None = None
+
     def rotate(self, t: torch.Tensor) -> torch.Tensor:
         """Queries or keys (B, H, T, D), with position put in by rotation."""
         return t
@@ -32,6 +36,19 @@ class PositionView:
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, heads: int) -> torch.Tensor | None:
         """(H, Tq, Tk) float added to the attention scores before the softmax; None: none."""
         return None
+
+
+class DocumentView(PositionView):
+    """A position view whose forward pass also keeps attention inside each document."""
+
+    def __init__(self, inner: PositionView, documents: torch.Tensor):
+        self.inner, self.documents = inner, documents
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        return self.inner.rotate(t)
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, heads: int) -> torch.Tensor | None:
+        return self.inner.bias(q_pos, k_pos, heads)
 
 
 class RotaryAngles(PositionView):
