@@ -48,7 +48,7 @@ from llmlab.study import calibration as cal
 from llmlab.files import atomic_write_text
 
 STUDIES = ("isoflop", "isoflop-5budgets", "isoflop-1e12-3seeds", "isoflop-lr-5e11", "isoflop-lr", "isoflop-lr-1e12",
-           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep", "branch-study", "branch-study-gqa")
+           "isoflop-2seeds", "isoflop-1e12", "isoflop-gpu", "isoflop-gpu-b8", "isoflop-gpu-deep", "branch-study", "branch-study-gqa", "branch-study-norm-pos")
 SIZE = re.compile(r"(?:^| )model\.d_model=(\d+)(?: |$)")
 BUDGET = re.compile(r"(?:^| )train\.max_flops=(\S+)(?: |$)")
 
@@ -61,9 +61,12 @@ def cells(report: dict, size: str = "params") -> dict[str, list]:
 
     section = report["scaling"]
     out = {}
+    plain = ("all runs", "defaults")  # a variant that sets none of what sets the others apart
+    theirs = {w for label in section["variants"] if label not in plain for w in label.split()}
     for label, v in section["variants"].items():
         words = set(label.split())
-        mine = [g for g in report["groups"] if words <= set(g["group"].split())]
+        mine = [g for g in report["groups"] if (not set(g["group"].split()) & theirs if label in plain
+                                                 else words <= set(g["group"].split()))]
         by_budget: dict[float, list] = {}
         for g in mine:
             budget = parse_flops(BUDGET.search(g["group"]).group(1), "train.max_flops")

@@ -175,6 +175,7 @@ def group_runs(runs: list[Run], others: list[list[str]] = ()) -> list[Group]:
     for run in runs:  # groups in the order their first run was given
         key = tuple(sorted(r for r in run.label_overrides if r not in shared))
         if key not in groups:
-            groups[key] = Group(" ".join(key) or ("all runs" if shared else "defaults"))
+            # the group that sets none of what sets the others apart is their baseline: "defaults"
+            groups[key] = Group(" ".join(key) or ("all runs" if shared and len(keys) == 1 else "defaults"))
         groups[key].runs.append(run)
     return list(groups.values())

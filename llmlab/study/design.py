@@ -100,15 +100,17 @@ def axes(runs: list[Run]) -> tuple[list[str], bool]:
 
 def variants(runs: list[Run], drop: set[str]) -> dict[str, list[Run]]:
     """Runs by variant: their overrides minus the size and budget axes (and ``drop``), labelled
-    by the overrides that differ between variants."""
+    by the overrides that differ between variants; the variant that sets none of them (the
+    others' baseline) is "defaults", and a lone variant "all runs"."""
     def rest(r: Run) -> tuple:
         return tuple(sorted(o for o in r.label_overrides
                             if not (is_size_key(override_key(o)) or override_key(o) == BUDGET_KEY or override_key(o) in drop)))
     keys = [rest(r) for r in runs]
     shared = set.intersection(*(set(k) for k in keys)) if keys else set()
     out: dict[str, list[Run]] = {}
+    plain = "all runs" if len(set(keys)) == 1 else "defaults"
     for r, k in zip(runs, keys):
-        out.setdefault(" ".join(o for o in k if o not in shared) or "all runs", []).append(r)
+        out.setdefault(" ".join(o for o in k if o not in shared) or plain, []).append(r)
     return out
 
 

@@ -127,6 +127,15 @@ def test_groups_follow_job_order_and_labels_count_the_jobs_that_failed(tmp_path)
     assert list(curves(runs, others)) == ["model/attention=mqa"]
 
 
+def test_the_group_that_sets_none_of_what_sets_the_others_apart_is_the_defaults(tmp_path):
+    """A baseline run beside runs that add one setting each: it is "defaults", not "all runs"."""
+    root = tmp_path / "sweep"
+    for name, extra in (("base", ""), ("post", "- norm=post\n"), ("nope", "- pos=none\n")):
+        d = fake_run(root, name, "mha", 0, 3.0)
+        (d / ".hydra" / "overrides.yaml").write_text((d / ".hydra" / "overrides.yaml").read_text() + extra)
+    assert sorted(g["group"] for g in build_report(find_runs([root]))["groups"]) == ["defaults", "norm=post", "pos=none"]
+
+
 def test_speeds_carry_their_spread_and_a_contended_group_is_marked(sweep):
     """Each run's speed comes with its spread and the other load while it was timed; a group
     timed under contention is starred, and one line says the columns cannot be compared."""
