@@ -40,9 +40,7 @@ class LoopConfig(Checked):
     ckpt_every: int = bounded(200, at_least=0)  # 0: only at the end
     keep_checkpoints: int = bounded(2, at_least=0)
     compile: bool = False  # torch.compile the model
-    # keep fewer of the forward's activations and recompute the rest in the backward, for long contexts:
-    # full keeps each block's input only; selective keeps the matmuls' and attention's outputs too
-    activation_checkpointing: str = choice("none", ("none", "full", "selective"))
+    activation_checkpointing: str = choice("none", ("none", "full", "selective"))  # recompute each block's forward in the backward, for long contexts; full keeps its input only, selective its matmuls' and attention's outputs too
     prompts: list[str] = field(default_factory=lambda: ["def ", "class ", "import "])
     eval_tasks: list[str] = field(default_factory=list)  # multiple-choice task files scored at each evaluation (as llmlab eval tasks=)
     sample_tokens: int = bounded(48, at_least=0)  # tokens completed per prompt at each eval
