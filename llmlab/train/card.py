@@ -60,7 +60,8 @@ def summarize(history: list[dict], rates: list[float], loads: list[tuple[float, 
         (h["perf/tokens_per_s"] for h in reversed(history) if _number(h.get("perf/tokens_per_s"))), 0.0)], load)
     return {"train_loss": train_losses[-1] if train_losses else None, "val_losses": val_losses, "speed": speed,
             "tokens_per_s_mean": statistics.fmean(rates) if rates else None,
-            "loss_spikes": sum(spike(train_losses[:i], loss) is not None for i, loss in enumerate(train_losses))}
+            "loss_spikes": sum(spike(train_losses[max(0, i - SPIKE_WINDOW):i], loss) is not None
+                               for i, loss in enumerate(train_losses))}
 
 
 SPIKE_WINDOW = 20  # the log windows a loss is compared with

@@ -433,7 +433,12 @@ class Trainer:
                   **({"perf/other_load": load} if load is not None else {}),
                   **{f"perf/{k}": v for k, v in memory_stats(self.device).items()}, **closed["extra"]}
         check_finite(record["train/loss"], done, ckpt)
-        before = [r["train/loss"] for r in history.records if _number(r.get("train/loss"))]
+        before = []  # the last SPIKE_WINDOW train losses, newest last (not the whole history each log step)
+        for r in reversed(history.records):
+            if len(before) == SPIKE_WINDOW:
+                break
+            if _number(r.get("train/loss")):
+                before.insert(0, r["train/loss"])
         if (median := spike(before, record["train/loss"])) is not None:
             progress.console.print(f"step {done}: loss spike: {record['train/loss']:.3f}, against a median of "
                                    f"{median:.3f} over the last {min(len(before), SPIKE_WINDOW)} log steps", style="yellow")

@@ -191,8 +191,7 @@ class Attention(nn.Module):
         window = self.window()
         bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk), (B, H, Tq, Tk) or None
         if pos.documents is not None:  # data.doc_mask: a query sees the keys of its own document only
-            docs = pos.documents
-            same = docs[:, q_pos][:, :, None] == (docs[:, k_pos] if k_pos.dim() == 1 else docs.gather(1, k_pos))[:, None]
+            same = pos.same_document(q_pos, k_pos)
             select = same if select is None else select & same
         if (not need_weights and bias is None and select is None and self.causal and window is None
                 and (Tq == Tk or Tq == 1)):

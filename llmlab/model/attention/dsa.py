@@ -153,8 +153,7 @@ class DeepSeekSparseAttention(Attention):
         scores = self.indexer.scores(q, w, k)  # (B, T, Tk)
         visible = attention_mask(positions, k_pos, self.causal)  # (T, Tk) or None
         if pos.documents is not None:  # data.doc_mask: the indexer chooses among the query's own document
-            docs = pos.documents
-            same = docs[:, positions][:, :, None] == docs[:, k_pos][:, None]  # (B, T, Tk)
+            same = pos.same_document(positions, k_pos)  # (B, T, Tk)
             visible = same if visible is None else visible & same
         if visible is not None:
             scores = scores.masked_fill(~visible, float("-inf"))

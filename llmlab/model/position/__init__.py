@@ -43,6 +43,16 @@ class DocumentView(PositionView):
 
     def __init__(self, inner: PositionView, documents: torch.Tensor):
         self.inner, self.documents = inner, documents
+        self._seen: tuple | None = None  # the last mask, by its positions: every layer asks the same
+
+    def same_document(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(B, Tq, Tk) True where a query and a key lie in one document; ``k_pos`` (Tk) or, as a
+        sparse kind gathers keys per sequence, (B, Tk)."""
+        if self._seen is None or self._seen[0] is not q_pos or self._seen[1] is not k_pos:
+            docs = self.documents
+            keys = docs[:, k_pos] if k_pos.dim() == 1 else docs.gather(1, k_pos)
+            self._seen = (q_pos, k_pos, docs[:, q_pos][:, :, None] == keys[:, None])
+        return self._seen[2]
 
     def rotate(self, t: torch.Tensor) -> torch.Tensor:
         return self.inner.rotate(t)
