@@ -76,15 +76,16 @@ def question(record) -> Question:
     return Question(context, choices, label)
 
 
-def read_task(path: str | Path) -> list[Question]:
-    """Every question of a task file; one line names the file and the line that is wrong."""
+def read_task(path: str | Path, key: str = "tasks") -> list[Question]:
+    """Every question of a task file; one line names the setting (``key``), the file and the
+    line that is wrong."""
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UserError(f"tasks: {path} does not exist") from None
+        raise UserError(f"{key}: {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"tasks: {path} cannot be read as text ({type(e).__name__})") from None
+        raise UserError(f"{key}: {path} cannot be read as text ({type(e).__name__})") from None
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -93,9 +94,9 @@ def read_task(path: str | Path) -> list[Question]:
             out.append(question(json.loads(line)))
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-            raise UserError(f"tasks: {path}, line {n}: {reason}") from None
+            raise UserError(f"{key}: {path}, line {n}: {reason}") from None
     if not out:
-        raise UserError(f"tasks: {path} holds no question")
+        raise UserError(f"{key}: {path} holds no question")
     return out
 
 
@@ -145,10 +146,10 @@ def score_task(model, tokenizer, questions: list[Question], device: torch.device
             "acc_norm_ci95": wilson(hits_norm, n), "chance": chance}
 
 
-def task_files(paths: list[str]) -> dict[str, list[Question]]:
+def task_files(paths: list[str], key: str = "tasks") -> dict[str, list[Question]]:
     """Each task file's questions by the file's name (its path where two files share a name)."""
     out: dict[str, list[Question]] = {}
     for p in paths:
-        out[Path(p).stem if Path(p).stem not in out else p] = read_task(p)
+        out[Path(p).stem if Path(p).stem not in out else p] = read_task(p, key)
     return out
 

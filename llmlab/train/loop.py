@@ -151,7 +151,7 @@ class Trainer:
                                  "bytes_per_token": {s: prepared.bytes_per_token(s) for s in ("train", "val")}},
                                 self.weight_names, loop.keep_checkpoints, self.token_counts)
         self.evaluator = Evaluator(self.val_tokens, self.seq_len, loop, self.amp, self.distiller, self.tokenizer,
-                                   self.bytes_per_token_val, job.seed, self.device, task_files(loop.eval_tasks))
+                                   self.bytes_per_token_val, job.seed, self.device, task_files(loop.eval_tasks, "train.eval_tasks"))
         dist = self.dist
         if loop.fsdp and not dist.enabled:
             console.out.print("train.fsdp: one process holds the whole model, so nothing is sharded; start several "

@@ -213,7 +213,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
             raise ConfigError(f"train.eval_tasks: objective={spec.objective.kind} scores no continuation; tasks need "
                               "objective=clm")
         for path in loop.eval_tasks:
-            read_task(path)
+            read_task(path, "train.eval_tasks")
     from llmlab.model.transformer import check_sizes
 
     check_sizes(spec)

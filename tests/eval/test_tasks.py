@@ -116,6 +116,6 @@ def test_a_run_scores_its_tasks_at_each_evaluation_and_a_bad_file_stops_it_befor
     assert [e["step"] for e in evals] == [3, 6]
     assert all(e["val/task/piqa/acc"] in (0, 0.25, 0.5, 0.75, 1) and "val/task/piqa/acc_norm" in e for e in evals)
     task.write_text('{"goal": "x", "sol1": "a"}\n')
-    with pytest.raises(UserError, match=rf"^tasks: {task}, line 1: "):
+    with pytest.raises(UserError, match=rf"^train.eval_tasks: {task}, line 1: "):
         from llmlab.train.settings import check_train_config
         check_train_config(config(corpus_dir, tmp_path, eval_tasks=[str(task)]))
