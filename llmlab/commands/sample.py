@@ -206,7 +206,8 @@ def run(job: SampleConfig, run_dir: Path) -> None:
                                          f", packed weights ({', '.join(f'{k} {v}' for k, v in layouts.items())} "
                                          f"of {layers} layers")
         packed += f"; as measured before, kept in {kept})" if packed and kept else ")" if packed else ""
-    console.err.print(f"{ckpt.path} (step {ckpt.state.get('step')}), {device}{packed}{how}", style="dim")
+    what = f"step {ckpt.state['step']}" if ckpt.state.get("step") is not None else f"from its {ckpt.spec_file}"
+    console.err.print(f"{ckpt.path} ({what}), {device}{packed}{how}", style="dim")
 
     stream = len(prompts) == 1 and n == 1
     writer = StreamWriter(tok) if stream else None

@@ -49,6 +49,9 @@ def trusted_data(ckpt) -> dict[str, Any]:
     data = ckpt.config.get("data") if isinstance(ckpt.config.get("data"), dict) else {}
     if data.get("kind") == "pysource" and not data.get("root"):
         return data
+    if getattr(ckpt, "spec_file", "") == "config.json":
+        raise UserError(f"data: {ckpt.path} is a transformers directory, which records no training data; pass data=<kind> "
+                        "with its settings (data=pysource: this Python's standard library), or text=<file>")
     shown = ", ".join(f"data.{k}={v}" for k, v in data.items() if k != "kind")
     raise UserError(f"data: the data {ckpt.path} was trained on is not prepared here, and a path a checkpoint names "
                     f"is never opened unless you name it; pass data={data.get('kind', '<kind>')} with its settings "

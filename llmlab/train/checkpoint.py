@@ -179,7 +179,7 @@ def _existing(path) -> Path:
     return latest_run_checkpoint(Path("outputs")) if p is None else p
 
 
-def _is_checkpoint_dir(p: Path) -> bool:
+def is_checkpoint_dir(p: Path) -> bool:
     return any((p / f).exists() for f in (MANIFEST, "model.safetensors", "model.json"))
 
 
@@ -226,6 +226,7 @@ class Checkpoint:
     state: dict
     config: dict
     weights: dict[str, torch.Tensor]
+    spec_file: str = "model.json"  # what describes the network: config.json for a transformers directory
 
     @property
     def tokenizer_path(self) -> Path:
@@ -289,7 +290,14 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """A checkpoint directory, loaded; or a run directory's newest checkpoint that loads, each
     newer one passed over named on stderr with what is wrong with it (`load_latest`)."""
     p = _existing(path)
-    if _is_checkpoint_dir(p):
+    from llmlab.export.hf_load import is_hf_dir, load_hf_dir
+    if is_hf_dir(p):
+        spec, weights, eos = load_hf_dir(p)
+        return Checkpoint(p, spec, {"step": None, "eos": eos}, {}, weights, spec_file="config.json")
+    if not any((p / f).exists() for f in (MANIFEST, "model.json")) and (p / "model.safetensors").exists():
+        raise UserError(f"ckpt: {p} has weights but neither model.json (an llmlab checkpoint) nor config.json (a "
+                        "transformers directory) to say what network they belong to")
+    if is_checkpoint_dir(p):
         return _load_dir(p)
     for root in (p / "checkpoints", p):
         ckpt, passed = load_latest(root)
@@ -301,7 +309,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         if passed:
             _, q, why = passed[0]
             raise UserError(f"ckpt: {p} has no usable checkpoint: the latest, {q}, is damaged ({why})")
-    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors) nor a run directory with checkpoints/")
+    raise UserError(f"ckpt: {p} is neither a checkpoint (no model.safetensors), a transformers directory (no "
+                    "config.json) nor a run directory with checkpoints/")
 
 
 def _load_dir(p: Path) -> Checkpoint:
@@ -313,8 +322,8 @@ def _load_dir(p: Path) -> Checkpoint:
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"ckpt: {p / 'model.safetensors'} is truncated or corrupt ({str(e).splitlines()[0]})") from e
     try:
-        spec = check_model_json(_json_object(p / "model.json"), p / "model.json")
-        state = _json_object(p / "state.json")
+        spec = check_model_json(json_object(p / "model.json"), p / "model.json")
+        state = json_object(p / "state.json")
         check_step(state, p)
         # plain YAML: an interpolation or tag in a downloaded config stays literal text
         config = yaml.safe_load((p / "config.yaml").read_text()) or {}
@@ -359,7 +368,7 @@ def check_step(state: dict, path: Path) -> None:
                         "choose another checkpoint")
 
 
-def _json_object(path: Path) -> dict:
+def json_object(path: Path) -> dict:
     value = json.loads(path.read_text())
     if not isinstance(value, dict):
         raise UserError(f"ckpt: {path} holds a JSON {type(value).__name__}, not an object; the checkpoint is damaged")
@@ -392,13 +401,13 @@ def build_model(ckpt: Checkpoint, device: torch.device, weights: str = "raw"):
     try:
         spec = ModelSpec.from_config(ckpt.spec, int(ckpt.spec["vocab_size"]))
     except (ConfigError, KeyError) as e:
-        raise UserError(f"ckpt: {ckpt.path / 'model.json'} does not describe a model this llmlab can build ({e})") from e
+        raise UserError(f"ckpt: {ckpt.path / ckpt.spec_file} does not describe a model this llmlab can build ({e})") from e
     check_sizes_against_weights(spec, ckpt.weights, ckpt.path)
     try:
         with undrawn_weights():  # every weight is loaded below, or the checkpoint is refused
             model = Transformer(spec)
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:
-        raise UserError(f"ckpt: {ckpt.path / 'model.json'} describes a model that cannot be built here "
+        raise UserError(f"ckpt: {ckpt.path / ckpt.spec_file} describes a model that cannot be built here "
                         f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]})") from None
     if weights == "ema":
         average = ckpt.ema_weights()
@@ -407,7 +416,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, weights: str = "raw"):
                             "use weights=raw")
         load_weights(model, average, ckpt.path / EMA_FILE, "its model.json")
     else:
-        load_weights(model, ckpt.weights, ckpt.path)
+        load_weights(model, ckpt.weights, ckpt.path, f"its {ckpt.spec_file}")
     tokenizer = ckpt.tokenizer()
     check_vocab(tokenizer.vocab_size, spec.vocab_size, ckpt.path)
     data = ckpt.config.get("data") if isinstance(ckpt.config, dict) else None
