@@ -206,7 +206,9 @@ def preflight(command: str, args: list[str], run_overrides: list[str] | None = N
                 line = _not_a_bool(combo, cfg)
                 if line is not None:
                     fail(line, 2)
-                RESOLVED[config_key(cfg)] = resolve(cfg)
+                job = RESOLVED[config_key(cfg)] = resolve(cfg)
+                if command_of(command).check_overrides is not None:
+                    command_of(command).check_overrides(job, combo)
             except UserError as e:
                 fail(str(e), 2)
             except (HydraException, OmegaConfBaseException) as e:

@@ -75,6 +75,7 @@ RUN_ID_IGNORES_TRAIN = {"resume", "resume_weights_only", "max_time", "max_steps"
 RUN_ID_ADDED = {"sched": {"warmup_share": None, "branches": [], "branch_flops": []}, "model": {"parametrization": "standard", "logit_softcap": None},
                 "optim": {"ns_precision": "bf16"}, "attention": {"eps": 1e-6},
                 "train": {"z_loss": 0.0, "ema": 0.0}, "data": {"doc_mask": False}}
+RUN_ID_ADDED_TOP = {"init": None}  # top-level settings likewise
 OLD_DEFAULT_WARMUP = 50  # sched.warmup's default before it could be null
 # train.steps's default before the default recipe changed, and now: a budget run (max_flops,
 # max_tokens) never uses it and cannot set it, so its id keeps the old value
@@ -83,7 +84,7 @@ OLD_DEFAULT_STEPS, DEFAULT_STEPS = 1000, 750
 
 def _as_before(cfg: Mapping[str, Any]) -> dict:
     """``cfg`` as it would have been written before the `RUN_ID_ADDED` settings existed."""
-    out = dict(cfg)
+    out = {k: v for k, v in cfg.items() if not (k in RUN_ID_ADDED_TOP and v == RUN_ID_ADDED_TOP[k])}
     for section, added in RUN_ID_ADDED.items():
         if isinstance(cfg.get(section), Mapping):
             out[section] = {k: v for k, v in cfg[section].items() if not (k in added and v == added[k])}

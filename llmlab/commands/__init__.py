@@ -16,8 +16,9 @@ class Command:
     """``llmlab <name>``: ``schema`` is its settings' dataclass (stored as ``schema/<name>``,
     which its YAML builds on); ``sections`` the config-group sections it holds, each resolved
     by its registry into that kind's typed Config (None stays None); ``run(job, run_dir)`` the
-    body. ``resolve`` replaces the default resolution (``train`` builds a `TrainJob`), and
-    ``help_lines`` the default ``--help`` settings (the schema's fields and comments)."""
+    body. ``resolve`` replaces the default resolution (``train`` builds a `TrainJob`),
+    ``help_lines`` the default ``--help`` settings (the schema's fields and comments), and
+    ``check_overrides`` checks a resolved job against its overrides before any work starts."""
 
     name: str
     schema: type
@@ -25,6 +26,9 @@ class Command:
     sections: Mapping[str, Registry] = field(default_factory=dict)
     resolve: Callable[[Mapping[str, Any]], Any] | None = None
     help_lines: Callable[[], list[str]] | None = None
+    # (job, the job's command-line overrides): a check that needs what the user wrote, not only
+    # the composed result (``train init=``: a setting that contradicts the source)
+    check_overrides: Callable[[Any, list[str]], None] | None = None
 
     def __post_init__(self) -> None:
         store_schema(self.name, self.schema)

@@ -31,5 +31,13 @@ def run(job: TrainJob, run_dir: Path) -> None:
     run_job(job, run_dir, hydra_cfg.job.num)
 
 
-COMMAND = Command("train", TrainConfig, run, resolve=check_train_config, help_lines=help_settings)
+def check_init_overrides(job: TrainJob, overrides: list[str]) -> None:
+    """``init=``: a setting of the network or tokenizer that contradicts the source is one line."""
+    if job.init is not None:
+        from llmlab.train.init import check_overrides
+        check_overrides(overrides, job.composed, job.init)
+
+
+COMMAND = Command("train", TrainConfig, run, resolve=check_train_config, help_lines=help_settings,
+                  check_overrides=check_init_overrides)
 SCHEMA = COMMAND.schema

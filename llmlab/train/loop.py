@@ -33,7 +33,8 @@ from llmlab.sample.generate import decode_setting, decode_speed
 from llmlab.train import branches, resume
 from llmlab.train.card import (DECODE_SETTING, SPIKE_WINDOW, finished_summary, model_card, print_done,
                                print_model_card, spike, summarize)
-from llmlab.train.checkpoint import best_checkpoint, load_weights, unique_names
+from llmlab.train.checkpoint import (best_checkpoint, check_sizes_against_weights, check_vocab, load_checkpoint, load_weights,
+                                     unique_names)
 from llmlab.train.recovery import recover_checkpoints
 from llmlab.train.device import (autocast, grad_scaler, keep_freed_memory, memory_stats, resolve_device,
                                  resolve_precision, synchronize)
@@ -190,7 +191,11 @@ class Trainer:
         if not dist.is_main:
             self.prepared = prepare(job.data, job.tokenizer, job.cache_dir)
         prepared = self.prepared
-        self.spec = replace(job.spec, vocab_size=prepared.vocab_size)
+        if job.init is None:
+            self.spec = replace(job.spec, vocab_size=prepared.vocab_size)
+        else:  # the source's embedding table, whatever its tokenizer counts
+            self.spec = job.spec
+            check_vocab(prepared.vocab_size, job.spec.vocab_size, job.init.path)
         self.seq_len = seq_len = self.spec.model.max_seq_len
         self.train_tokens, self.val_tokens = prepared.tokens("train"), prepared.tokens("val")
         self._token_counts = None  # counted at the first save
@@ -205,6 +210,10 @@ class Trainer:
         self.bytes_per_token_val = prepared.bytes_per_token("val")
 
     def _build_model(self) -> None:
+        source = None
+        if self.job.init is not None:  # its weights' shapes are checked before a model is allocated from its config
+            source = load_checkpoint(self.job.init.path)
+            check_sizes_against_weights(self.spec, source.weights, source.path)
         self.model = model = Transformer(self.spec).to(self.device)
         model.checkpointing = self.loop.activation_checkpointing
         if self.job.data.doc_mask:  # attention stays inside each document of a window
@@ -216,6 +225,10 @@ class Trainer:
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)
         self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id, self.dist.is_main)
+        if source is not None and self.ckpt is None:  # init=: the source's weights, before FSDP shards them
+            load_weights(model, source.weights, source.path, f"its {source.spec_file}")
+            console.out.print(f"init: the weights of {source.path} (as its {source.spec_file} describes them); "
+                              "the optimizer and schedule start at step 0")
         if self.ckpt is not None:  # weights go in before FSDP shards them
             resume.check_same_tokenizer(self.prepared.path / "tokenizer.json", self.ckpt)
             load_weights(model, self.ckpt.weights, self.ckpt.path,

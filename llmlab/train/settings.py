@@ -117,6 +117,7 @@ class TrainConfig(Checked):
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
     precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it, else fp32; fp16 is loss-scaled
     cache_dir: str | None = None  # prepared data; null: $LLMLAB_CACHE or .cache/llmlab
+    init: str | None = None  # start from these weights: an llmlab checkpoint or run, or a transformers directory (its network and tokenizer; a fresh optimizer at step 0)
     train: LoopConfig = field(default_factory=LoopConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     data: Any = section()
@@ -163,6 +164,8 @@ class TrainJob:
     grad_accum: int  # micro-batches per optimizer step: train.batch_tokens / (batch_size x max_seq_len), else train.grad_accum
     max_flops: float | None  # train.max_flops as a number
     config: Mapping[str, Any]
+    init: Any = None  # init=: the `llmlab.train.init.InitSource` the weights come from
+    composed: Mapping[str, Any] | None = None  # with init=: the config as composed, before the source's sections replaced its own
 
     @property
     def run_id(self) -> str:
@@ -182,9 +185,17 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     after data preparation."""
     cfg = {k: v for k, v in cfg.items() if k != "hydra"}
     top = parse_dataclass(TrainConfig, cfg, "")
+    source, composed = None, None
+    if top.init:  # the source's network and tokenizer replace the composed ones (`llmlab.train.init`)
+        from llmlab.train.init import init_source, with_init
+
+        source, composed = init_source(top.init), cfg
+        cfg = with_init(cfg, source)
+        top = parse_dataclass(TrainConfig, cfg, "")
     tokenizer = TOKENIZER.config(top.tokenizer, "tokenizer")
     # the real vocabulary is known after tokenizing; the tokenizer's planned size stands in for the checks
-    spec = ModelSpec.from_config(cfg, vocab_size=TOKENIZER.get(tokenizer.kind).planned_vocab(tokenizer))
+    vocab = source.spec["vocab_size"] if source else TOKENIZER.get(tokenizer.kind).planned_vocab(tokenizer)
+    spec = ModelSpec.from_config(cfg, vocab_size=vocab)
     data, optim = CORPUS.config(top.data, "data"), OPTIMIZER.config(top.optim, "optim")
     sched, logger = SCHEDULE.config(top.sched, "sched"), LOGGER.config(top.logger, "logger")
     loop, distill = top.train, top.distill
@@ -221,7 +232,8 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
         check_context_parallel(loop, spec, distill, data)
     return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
                     data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
-                    distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg)
+                    distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg, init=source,
+                    composed=composed)
 
 
 def check_optimizer_fits(precision: str, loop: LoopConfig, optim) -> None:
