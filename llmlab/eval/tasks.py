@@ -15,6 +15,11 @@ The fields accepted (one line, one JSON object):
 - any of these with ``choices`` as a plain list and ``label`` or ``gold`` as its index.
 
 A line that fits none of them, or is not JSON, is one error naming the file and the line.
+
+A task may also be any `datasets` source whose rows have those fields: a local ``.parquet``,
+``.csv`` or ``.json`` file, a directory that ``Dataset.save_to_disk`` wrote, or
+``hf:<name>[:<config>][@<split>]`` for the hub (``hf:Rowan/hellaswag@validation``; the split
+defaults to validation). A row that fits no layout is one error naming the source and the row.
 """
 
 from __future__ import annotations
@@ -76,9 +81,62 @@ def question(record) -> Question:
     return Question(context, choices, label)
 
 
+DATASET_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".json": "json"}  # datasets' builders for local files
+HUB = "hf:"
+
+
+def is_dataset_source(spec: str) -> bool:
+    path = Path(spec).expanduser()
+    return (spec.startswith(HUB) or path.suffix in DATASET_SUFFIXES
+            or (path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json"))))
+
+
+def _dataset_rows(spec: str, key: str):
+    """The rows of a `datasets` source (see the module's docstring)."""
+    import datasets
+
+    path = Path(spec).expanduser()
+    try:
+        if spec.startswith(HUB):
+            name, _, split = spec[len(HUB):].partition("@")
+            name, _, config = name.partition(":")
+            if not name:
+                raise UserError(f"{key}: {spec} names no dataset; write hf:<name>[:<config>][@<split>]")
+            ds = datasets.load_dataset(name, config or None, split=split or "validation")
+        elif path.is_dir():
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                split = "validation" if "validation" in ds else next(iter(ds))
+                ds = ds[split]
+        else:
+            if not path.is_file():
+                raise UserError(f"{key}: {path} does not exist")
+            if path.stat().st_size == 0:
+                raise UserError(f"{key}: {path} holds no question")
+            ds = datasets.load_dataset(DATASET_SUFFIXES[path.suffix], data_files=str(path), split="train")
+    except UserError:
+        raise
+    except Exception as e:  # the library's own exception types, for a malformed file or an unknown name
+        cause = e.__cause__ or e
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:160]
+        raise UserError(f"{key}: cannot load {spec} ({reason})") from None
+    return ds
+
+
 def read_task(path: str | Path, key: str = "tasks") -> list[Question]:
-    """Every question of a task file; one line names the setting (``key``), the file and the
-    line that is wrong."""
+    """Every question of a task file or `datasets` source; one line names the setting
+    (``key``), the source and the line or row that is wrong."""
+    if is_dataset_source(str(path)):
+        out = []
+        for n, row in enumerate(_dataset_rows(str(path), key), start=1):
+            try:
+                out.append(question(row))
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
+                reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+                raise UserError(f"{key}: {path}, row {n}: {reason}") from None
+        if not out:
+            raise UserError(f"{key}: {path} holds no question")
+        return out
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -150,6 +208,7 @@ def task_files(paths: list[str], key: str = "tasks") -> dict[str, list[Question]
     """Each task file's questions by the file's name (its path where two files share a name)."""
     out: dict[str, list[Question]] = {}
     for p in paths:
-        out[Path(p).stem if Path(p).stem not in out else p] = read_task(p, key)
+        name = p[len(HUB):].partition("@")[0].replace("/", "_") if p.startswith(HUB) else Path(p).stem
+        out[name if name not in out else p] = read_task(p, key)
     return out
 

@@ -49,6 +49,44 @@ def test_a_malformed_file_is_one_line_naming_the_file_and_the_line(tmp_path):
         read_task(tmp_path / "empty.jsonl")
 
 
+QUESTIONS = [{"ctx": "def f(x):", "endings": [" return x", " pass", " yield"], "label": 0},
+             {"question": "import", "choices": {"text": [" os", " sys"], "label": ["A", "B"]}, "answerKey": "B"},
+             {"goal": "for i in", "sol1": " range(3):", "sol2": " nothing", "label": 0}]
+
+
+@pytest.mark.parametrize("form", ["parquet", "csv-less json", "saved dataset"])
+def test_a_datasets_source_reads_as_the_same_questions_as_its_jsonl(tmp_path, form):
+    import datasets
+
+    lines = tmp_path / "task.jsonl"
+    lines.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:1]) * 3)
+    rows = datasets.Dataset.from_list([QUESTIONS[0]] * 3)
+    if form == "parquet":
+        source = tmp_path / "task.parquet"
+        rows.to_parquet(str(source))
+    elif form == "saved dataset":
+        source = tmp_path / "saved"
+        datasets.DatasetDict({"validation": rows}).save_to_disk(str(source))
+    else:
+        source = tmp_path / "task.json"
+        rows.to_json(str(source))
+    assert read_task(source) == read_task(lines) and len(read_task(source)) == 3
+
+
+def test_a_datasets_row_that_fits_no_layout_names_the_source_and_row(tmp_path):
+    import datasets
+
+    source = tmp_path / "task.parquet"
+    datasets.Dataset.from_list([QUESTIONS[0], {**QUESTIONS[0], "label": 7}]).to_parquet(str(source))
+    with pytest.raises(UserError, match=rf"^tasks: {source}, row 2: the answer 7 is not one of the 3 choices$"):
+        read_task(source)
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(UserError, match=r"^tasks: cannot load .*bad.parquet \("):
+        read_task(tmp_path / "bad.parquet")
+    with pytest.raises(UserError, match=r"^tasks: .*gone.parquet does not exist$"):
+        read_task(tmp_path / "gone.parquet")
+
+
 def test_the_wilson_interval():
     lo, hi = wilson(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
