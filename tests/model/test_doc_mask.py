@@ -40,6 +40,31 @@ def test_a_document_is_scored_as_if_it_were_alone(attn):
     assert not torch.allclose(c[:, 10:], d[:, 10:], atol=1e-5)  # without the mask it does
 
 
+@pytest.mark.parametrize("attn", ["mha", "gqa", "swa"])
+def test_flex_attention_keeps_the_same_documents_as_the_mask(attn, monkeypatch):
+    """The CUDA route (`llmlab.model.flex`), run unfused on the CPU: the same logits as SDPA
+    under the boolean mask, at several documents a window (its CPU path has no backward)."""
+    from llmlab.model import flex
+
+    if flex.flex_attention is None:
+        pytest.skip("this PyTorch has no flex attention")
+    model = tiny_model(attention=ATTN.get(attn, {"kind": attn}))
+    model.doc_eos = EOS
+    x = torch.randint(1, 97, (2, 33))
+    x[0, [5, 17]] = EOS
+    x[1, 29] = EOS
+    logits = []
+    for force in (False, True):
+        monkeypatch.setattr(flex, "FORCE", force)
+        with torch.no_grad():
+            logits.append(model(x[:, :-1]).logits)
+    assert torch.allclose(logits[0], logits[1], atol=1e-5)
+    monkeypatch.setattr(flex, "FORCE", False)
+    model.doc_eos = None
+    with torch.no_grad():  # the documents matter here: unmasked, the logits differ
+        assert not torch.allclose(model(x[:, :-1]).logits, logits[0], atol=1e-5)
+
+
 def test_the_mask_trains_and_recomputes_the_same(tmp_path):
     model = tiny_model()
     model.doc_eos, model.checkpointing = EOS, "full"

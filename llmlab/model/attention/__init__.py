@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmlab.errors import ConfigError
-from llmlab.model import ring
+from llmlab.model import flex, ring
 from llmlab.model.cache import KVCache, RollingKVCache
 from llmlab.model.ring import ring_attention
 from llmlab.model.config import ATTENTION
@@ -191,6 +191,10 @@ class Attention(nn.Module):
         window = self.window()
         bias = pos.bias(q_pos, k_pos, q.shape[1])  # (H, Tq, Tk), (B, H, Tq, Tk) or None
         if pos.documents is not None:  # data.doc_mask: a query sees the keys of its own document only
+            if (bias is None and select is None and not need_weights and Tq == Tk == pos.documents.shape[1]
+                    and flex.wanted(q)):  # the block-sparse kernel on CUDA (`llmlab.model.flex`)
+                return flex.attend(q, k, v, pos.block_mask(self.causal, window), scale,
+                                   kwargs.get("enable_gqa", False)), None
             same = pos.same_document(q_pos, k_pos)
             select = same if select is None else select & same
         if (not need_weights and bias is None and select is None and self.causal and window is None

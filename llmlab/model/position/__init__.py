@@ -44,6 +44,7 @@ class DocumentView(PositionView):
     def __init__(self, inner: PositionView, documents: torch.Tensor):
         self.inner, self.documents = inner, documents
         self._seen: tuple | None = None  # the last mask, by its positions: every layer asks the same
+        self._block: tuple | None = None  # the flex block mask, by (causal, window)
 
     def same_document(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """(B, Tq, Tk) True where a query and a key lie in one document; ``k_pos`` (Tk) or, as a
@@ -53,6 +54,14 @@ class DocumentView(PositionView):
             keys = docs[:, k_pos] if k_pos.dim() == 1 else docs.gather(1, k_pos)
             self._seen = (q_pos, k_pos, docs[:, q_pos][:, :, None] == keys[:, None])
         return self._seen[2]
+
+    def block_mask(self, causal: bool, window: int | None):
+        """The flex-attention block mask of these documents (`llmlab.model.flex`), built once
+        per forward: every layer asks the same."""
+        if self._block is None or self._block[0] != (causal, window):
+            from llmlab.model import flex
+            self._block = ((causal, window), flex.block_mask(self.documents, causal, window))
+        return self._block[1]
 
     def rotate(self, t: torch.Tensor) -> torch.Tensor:
         return self.inner.rotate(t)
