@@ -17,6 +17,11 @@ families:
   ``tokenize`` or ``train``.
 - ``overrides``: a random setting of a command set to a random value (numbers out of range,
   NaN, huge integers, lists, a comma without ``-m``, shell and Python payloads).
+- ``task``: a multiple-choice task file (JSON lines, or parquet read through `datasets`).
+- ``transformers``: the run's transformers export (``llmlab export``) edited as a hand or a
+  crafted download would leave it (config.json's fields, the weights' bytes or a tensor's
+  shape, the tokenizer files, a shard index naming files outside, a pickle beside or instead
+  of the safetensors); then ``eval``, ``sample``, ``export`` or ``train init=`` on it.
 - ``links``: one file or folder that a command writes (in a resumed run, an eval, sample,
   tokenize or report folder, an export target) replaced by a symbolic or hard link to a
   victim outside the case, as a planted link in a shared output folder would be.
@@ -43,7 +48,7 @@ from typing import Callable
 
 CANARY = "FUZZ_CANARY"
 HANG_S = 120
-FAMILIES = ("checkpoint", "checkpoint+manifest", "run", "cache", "overrides", "links", "task")
+FAMILIES = ("checkpoint", "checkpoint+manifest", "run", "cache", "overrides", "links", "task", "transformers")
 DEFECTS = ("traceback", "multi-line", "canary", "outside", "victim", "older-ckpt", "signal", "hang", "silent-fallback")
 VICTIM = b"outside the case: a planted link leads here\n"
 
@@ -123,6 +128,8 @@ def build_base(root: Path, run_cli: Callable) -> Path:
     base = root / "base"
     base.mkdir()
     r = run_cli("train", *data_args(root), *TINY, f"train.steps={STEPS}", "hydra.run.dir=run", cwd=base)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("export", "ckpt=run", "out=transformers", cwd=base)
     assert r.returncode == 0, r.stderr
     return base
 
@@ -286,6 +293,45 @@ def mutate_checkpoint_file(rng: random.Random, ckpt: Path) -> str:
     return mutate_bytes(rng, path)
 
 
+def mutate_transformers_dir(rng: random.Random, hf: Path) -> str:
+    """One edit of a transformers directory."""
+    import torch
+
+    action = rng.random()
+    if action < 0.1:  # the weights only as a pickle that would run code
+        (hf / "model.safetensors").unlink()
+        torch.save({"model.embed_tokens.weight": Payload()}, hf / "pytorch_model.bin")
+        return "model.safetensors replaced by a pytorch_model.bin that runs os.system"
+    if action < 0.2:  # shards, one of them named by a crafted index
+        weights = hf / "model.safetensors"
+        (hf / "model-00001.safetensors").write_bytes(weights.read_bytes())
+        weights.unlink()
+        from safetensors import safe_open
+        with safe_open(str(hf / "model-00001.safetensors"), "pt") as f:
+            names = list(f.keys())
+        shard = rng.choice(["model-00001.safetensors", "../run/checkpoints/step_000006/model.safetensors",
+                            "/etc/passwd", "missing.safetensors", *PAYLOADS, None, 7])
+        weight_map = {n: "model-00001.safetensors" for n in names}
+        weight_map[rng.choice(names)] = shard
+        (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        return f"sharded, the index naming {str(shard)[:40]!r}"
+    name = rng.choice(["config.json", "config.json", "config.json", "model.safetensors", "model.safetensors",
+                       "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+    path = hf / name
+    if name == "model.safetensors" and rng.random() < 0.5:
+        raw = bytearray(path.read_bytes())
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + n])
+        key = rng.choice([k for k in header if k != "__metadata__"])
+        header[key]["shape"] = rng.choice([[1], [10**9], [], [3, -1]])
+        blob = json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
+        return f"model.safetensors: the shape of {key} edited"
+    if name.endswith(".json") and rng.random() < 0.8:
+        return mutate_json_value(rng, path)
+    return mutate_bytes(rng, path)
+
+
 def agree_manifest(ckpt: Path) -> None:
     """Rewrite the manifest to list the files as they now are (a crafted checkpoint)."""
     manifest = ckpt / "manifest.json"
@@ -363,7 +409,12 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
         task = case_dir / "task.jsonl"
         lines = [json.dumps(q) for q in TASK_LINES]
         i = rng.randrange(len(lines))
-        if rng.random() < 0.7:  # one line's JSON, edited as any JSON file is
+        if rng.random() < 0.2:  # a datasets source (parquet) whose bytes are damaged
+            import datasets
+            task = case_dir / "task.parquet"
+            datasets.Dataset.from_list([TASK_LINES[0]] * 3).to_parquet(str(task))
+            case.what = mutate_bytes(rng, task)
+        elif rng.random() < 0.7:  # one line's JSON, edited as any JSON file is
             one = case_dir / "line.json"
             one.write_text(lines[i])
             case.what = f"task.jsonl line {i + 1}: " + mutate_json_value(rng, one)
@@ -373,6 +424,15 @@ def make_case(index: int, seed: int, case_dir: Path, base: Path) -> Case:
             task.write_text("\n".join(lines) + "\n")
             case.what = mutate_bytes(rng, task)
         case.command = ["eval", f"ckpt={run}", f"tasks=[{task}]", "max_batches=2", f"hydra.run.dir={case_dir / 'ev'}"]
+    elif family == "transformers":
+        case.what = mutate_transformers_dir(rng, case_dir / "transformers")
+        hf = case_dir / "transformers"
+        case.command = rng.choice([
+            ["eval", f"ckpt={hf}", *data, "max_batches=2", f"hydra.run.dir={case_dir / 'ev'}"],
+            ["sample", f"ckpt={hf}", "max_new_tokens=4", "prompt=x"],
+            ["export", f"ckpt={hf}", f"out={case_dir / 'again'}"],
+            ["train", *data, *[a for a in TINY if not a.startswith("tokenizer=")], f"init={hf}", "train.steps=2",
+             "hydra.run.dir=from-hf"]])
     elif family == "links":
         case.command, case.what, case.victims = plant_link(rng, case_dir, run, resume)
         case.on_run_dir = case.command is resume
