@@ -26,7 +26,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import child_env, cpu_timed, write_result

@@ -39,7 +39,6 @@ import math
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 

@@ -58,7 +58,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
-from omegaconf import OmegaConf
 
 from bench.common import RESULTS, child_env, write_result
 

@@ -202,7 +202,7 @@ def test_a_run_without_a_val_loss_is_counted_apart_and_named(sweep, tmp_path):
     assert report["no_loss"] == [str(gone.resolve())]
     md = markdown(report, None)
     assert "| model/attention=mqa ‡ | 3 (2 with a val loss) |" in md
-    assert f"1 run without a val_loss in summary.json" in md and str(gone.resolve()) in md
+    assert "1 run without a val_loss in summary.json" in md and str(gone.resolve()) in md
     r = run_cli("report", str(sweep), "out=rep", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "1 run without a val_loss" in r.stdout and gone.name in r.stdout
