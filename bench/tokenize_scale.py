@@ -89,7 +89,39 @@ def make_stdlib_corpus(root: Path, megabytes: int) -> int:
     return total
 
 
-CORPORA = {"synthetic": (make_corpus, "*.txt"), "stdlib": (make_stdlib_corpus, "**/*.py")}
+SELF_NAMES = ("self", "this", "me", "obj", "inst", "slf", "s")
+
+
+def make_renamed_corpus(root: Path, megabytes: int) -> int:
+    """Copies of the whole stdlib (its tests too), copy k with ``self`` renamed one of seven
+    ways and numbered by k (``this3``), so the vocabulary keeps growing with the corpus: the
+    corpus whose tokenize memory issue 67 asks about. Returns bytes."""
+    std = Path(sysconfig.get_paths()["stdlib"])
+    sources = []
+    for p in sorted(std.rglob("*.py")):
+        if "site-packages" in p.parts:
+            continue
+        try:
+            sources.append((p.relative_to(std), p.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+    total, k = 0, 0
+    while total < megabytes * 1_000_000:
+        name = f"{SELF_NAMES[k % 7]}{k // 7 or ''}"
+        for rel, text in sources:
+            out = root / f"copy{k:03d}" / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            data = (text.replace("self", name) if k else text).encode()
+            out.write_bytes(data)
+            total += len(data)
+            if total >= megabytes * 1_000_000:
+                break
+        k += 1
+    return total
+
+
+CORPORA = {"synthetic": (make_corpus, "*.txt"), "stdlib": (make_stdlib_corpus, "**/*.py"),
+           "renamed": (make_renamed_corpus, "**/*.py")}
 
 
 def tree_rss(pid: int) -> tuple[int, int]:

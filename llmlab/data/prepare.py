@@ -271,7 +271,10 @@ def print_summary(prepared: Prepared, cached: bool = False) -> None:
         table.add_row(split, f"{s['docs']:,}", f"{s['bytes']:,}", f"{s['tokens']:,}",
                       f"{s['bytes'] / max(1, s['tokens']):.2f}")
     console.out.print(table)
-    t = m["timings"]
+    t = m.get("timings") or {}  # optional in meta.json (`check_meta`): an entry without them prints none
+    if not t:
+        console.out.print(f"vocab {m['vocab_size']:,} ({m['dtype']}); meta.json records no timings")
+        return
     if "tokenizer_s" not in t or "train_encode_s" not in t:  # an entry from before shards: its own timings
         console.out.print(f"vocab {m['vocab_size']:,} ({m['dtype']}); total {t.get('total_s', 0):.1f}s")
         return

@@ -158,7 +158,7 @@ def read_config(path: Path) -> tuple[str, dict]:
     if not isinstance(config, dict):
         raise UserError(f"ckpt: {where} holds a JSON {type(config).__name__}, not an object")
     family = config.get("model_type")
-    if family not in SPECS:
+    if not isinstance(family, str) or family not in SPECS:
         raise UserError(f"ckpt: {where}: model_type is {family!r}; llmlab reads the families it exports: "
                         f"{', '.join(SPECS)}")
     f = _Fields(config, where)

@@ -53,6 +53,17 @@ def test_prepare_writes_shards_and_meta_then_reuses_them(tmp_path, corpus_dir):
     assert other.built and other.path != first.path
 
 
+def test_an_entry_whose_meta_json_lost_its_optional_timings_still_prints_its_summary(tmp_path, corpus_dir, capsys):
+    data = {**TEXT, "paths": [str(corpus_dir / "*")]}
+    entry = prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
+    meta = json.loads((entry.path / "meta.json").read_text())
+    del meta["timings"]
+    (entry.path / "meta.json").write_text(json.dumps(meta))
+    again = prep.prepare(data, BYTE, str(tmp_path / "cache"), quiet=True)
+    prep.print_summary(again, cached=True)
+    assert "vocab 257 (uint16); meta.json records no timings" in capsys.readouterr().out
+
+
 def test_an_interrupted_prepare_leaves_no_entry_and_the_next_run_continues(tmp_path, corpus_dir, monkeypatch):
     import llmlab.data.build as build
 

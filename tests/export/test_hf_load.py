@@ -103,6 +103,7 @@ def edit_config(directory, **changes):
 
 
 REFUSED_CONFIGS = {
+    "a family that is no name": ({"model_type": {}}, "model_type is {}; llmlab reads the families it exports"),
     "another family": ({"model_type": "mistral"}, "model_type is 'mistral'; llmlab reads the families it exports: llama, qwen3, gpt2"),
     "scaled rope": ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_parameters.rope_type is 'llama3'"),
     "head_dim": ({"head_dim": 32}, "head_dim=32 is not hidden_size / num_attention_heads = 16"),
