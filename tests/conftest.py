@@ -21,6 +21,11 @@ import pytest
 # tests' own process (`one_thread` below), unless the environment already says otherwise.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# precision=auto picks bf16 on a CPU with bf16 units (AMX, AVX-512 BF16), and this suite runs on
+# CPUs with and without them: it pins auto to fp32 (the numbers its tests compare are fp32's),
+# and the tests of that choice set LLMLAB_CPU_BF16 themselves
+os.environ["LLMLAB_CPU_BF16"] = "0"
+
 # torch (and the model, which imports it) load where a test needs them, not here: pytest-xdist's
 # controller process reads this file too, and runs no test (2.5 s less before the workers start)
 if TYPE_CHECKING:

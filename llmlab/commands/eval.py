@@ -29,9 +29,9 @@ class EvalConfig(Checked):
     max_batches: int | None = bounded(None, at_least=1)  # cap the batches scored (windows spread evenly over the data); null: all
     max_tokens: int | None = bounded(None, at_least=1)  # cap the tokens scored; null: the whole split
     device: str = "auto"
-    precision: str = choice("auto", PRECISIONS)
+    precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it and on CPUs with bf16 units, as train
     cache_dir: str | None = None
-    tasks: list[str] = field(default_factory=list)  # multiple-choice task files (JSON lines) scored by likelihood
+    tasks: list[str] = field(default_factory=list)  # multiple-choice tasks scored by likelihood: JSON-lines files or datasets sources
     data: Any = section()
     analysis: Any = section()
 

@@ -37,7 +37,7 @@ from llmlab.train.checkpoint import (best_checkpoint, check_sizes_against_weight
                                      unique_names)
 from llmlab.train.recovery import recover_checkpoints
 from llmlab.train.device import (autocast, grad_scaler, keep_freed_memory, memory_stats, resolve_device,
-                                 resolve_precision, synchronize)
+                                 precision_note, resolve_precision, synchronize)
 from llmlab.train.distill import Distiller
 from llmlab.train.ema import WeightAverage
 from llmlab.train.distributed import barrier, broadcast, gradient_sync, init_distributed, mean, shutdown, wrap_model
@@ -161,7 +161,8 @@ class Trainer:
         if dist.context > 1:
             parallel += (f", each sequence split across {dist.context} of them (ring attention, "
                          f"{self.seq_len // dist.context} positions each)")
-        console.out.print(f"device {self.device} ({self.precision}){parallel}; {self.tokens_per_step:,} tokens/step, "
+        note = precision_note(job.precision, self.precision, self.device)
+        console.out.print(f"device {self.device} ({note}){parallel}; {self.tokens_per_step:,} tokens/step, "
                           f"{self.steps} steps (warm-up {self.schedule.warmup}) = "
                           f"{self.tokens_per_step * self.steps / 1e6:.2f}M tokens = "
                           f"{self.tokens_per_step * self.steps * self.card['flops_per_token']:.3g} FLOPs; MFU peak "

@@ -115,7 +115,7 @@ class TrainConfig(Checked):
 
     seed: int = bounded(1337, at_least=0)  # numpy's generators take no negative seed
     device: str = "auto"  # auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps
-    precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it, else fp32; fp16 is loss-scaled
+    precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it and on CPUs with bf16 units (AMX, AVX-512 BF16), else fp32; fp16 is loss-scaled
     cache_dir: str | None = None  # prepared data; null: $LLMLAB_CACHE or .cache/llmlab
     init: str | None = None  # start from these weights: an llmlab checkpoint or run, or a transformers directory (its network and tokenizer; a fresh optimizer at step 0)
     train: LoopConfig = field(default_factory=LoopConfig)
