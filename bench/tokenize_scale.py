@@ -95,7 +95,7 @@ SELF_NAMES = ("self", "this", "me", "obj", "inst", "slf", "s")
 def make_renamed_corpus(root: Path, megabytes: int) -> int:
     """Copies of the whole stdlib (its tests too), copy k with ``self`` renamed one of seven
     ways and numbered by k (``this3``), so the vocabulary keeps growing with the corpus: the
-    corpus whose tokenize memory issue 67 asks about. Returns bytes."""
+    corpus on which tokenize memory is held to its targets. Returns bytes."""
     std = Path(sysconfig.get_paths()["stdlib"])
     sources = []
     for p in sorted(std.rglob("*.py")):
