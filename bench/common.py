@@ -76,9 +76,14 @@ def tree_load() -> Iterator[dict]:
 
 
 def machine() -> dict:
+    """The machine a result came from: its CPU's model, bf16 unit (amx_bf16, avx512_bf16 or
+    None) and the instruction set torch dispatches to (AVX2, AVX512)."""
     import torch
+
+    from llmlab.train.device import cpu_bf16_unit
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "machine": platform.machine(), "cpu": cpu_name(),
+            "cpu_bf16_unit": cpu_bf16_unit(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
