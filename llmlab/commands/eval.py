@@ -21,7 +21,7 @@ SPLITS = ("train", "val")
 class EvalConfig(Checked):
     """``llmlab eval``'s settings; ``data`` and ``analysis`` come from their config groups."""
 
-    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    ckpt: str | None = None  # a checkpoint directory, a run directory (its latest checkpoint), or a transformers directory (llama, qwen3, gpt2)
     weights: str = choice("raw", ("raw", "ema"))  # ema: the moving average a run trained with train.ema kept
     split: str = choice("val", SPLITS)
     text: str | None = None  # a text file to score instead of a split

@@ -13,7 +13,7 @@ from llmlab.registry import Checked, choice
 class ExportConfig(Checked):
     """``llmlab export``'s settings."""
 
-    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    ckpt: str | None = None  # a checkpoint directory, a run directory (its latest checkpoint), or a transformers directory (llama, qwen3, gpt2)
     format: str = "hf"  # hf: a Hugging Face transformers directory
     out: str | None = None  # the directory to write; null: <this command's run dir>/hf
     overwrite: bool = False  # replace a non-empty out directory

@@ -32,7 +32,7 @@ class SpeculativeConfig:
 class SampleConfig(Checked):
     """``llmlab sample``'s settings."""
 
-    ckpt: str | None = None  # a checkpoint directory, or a run directory (its latest checkpoint)
+    ckpt: str | None = None  # a checkpoint directory, a run directory (its latest checkpoint), or a transformers directory (llama, qwen3, gpt2)
     weights: str = choice("raw", ("raw", "ema"))  # ema: the moving average a run trained with train.ema kept
     prompt: Any = "def "  # a string, or a list: prompt='[def ,class ]'
     prompt_file: str | None = None  # prompts from a file: one per line (.txt) or {"prompt": ...} per line (.jsonl)
