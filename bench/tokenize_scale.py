@@ -60,33 +60,45 @@ def make_corpus(root: Path, megabytes: int) -> int:
     return total
 
 
-def make_stdlib_corpus(root: Path, megabytes: int) -> int:
-    """Copies of the stdlib's own ``*.py`` files (tests left out), in many small files as a code
-    base has them: copy k renames a few common words with a suffix from k. Returns bytes."""
+def stdlib_sources(tests: bool) -> list[tuple[Path, str]]:
+    """(path under the stdlib, text) of the stdlib's ``*.py`` files, its tests too if ``tests``."""
     std = Path(sysconfig.get_paths()["stdlib"])
     sources = []
     for p in sorted(std.rglob("*.py")):
-        if "test" in p.parts or "tests" in p.parts or "site-packages" in p.parts:
+        if "site-packages" in p.parts or not tests and ("test" in p.parts or "tests" in p.parts):
             continue
         try:
             sources.append((p.relative_to(std), p.read_text(encoding="utf-8")))
         except (UnicodeDecodeError, OSError):
             continue
+    return sources
+
+
+def write_copies(root: Path, megabytes: int, sources: list[tuple[Path, str]], edit) -> int:
+    """Copies of ``sources`` under ``root/copyK/`` until ``megabytes``, copy k's texts changed
+    by ``edit(k, text)`` (copy 0 left as it is). Returns bytes."""
     total, k = 0, 0
     while total < megabytes * 1_000_000:
         for rel, text in sources:
-            if k:
-                for j, w in enumerate(WORDS[:5]):
-                    text = text.replace(f" {w}", f" {w}{k}_{j}")
             out = root / f"copy{k:03d}" / rel
             out.parent.mkdir(parents=True, exist_ok=True)
-            data = text.encode()
+            data = (edit(k, text) if k else text).encode()
             out.write_bytes(data)
             total += len(data)
             if total >= megabytes * 1_000_000:
                 break
         k += 1
     return total
+
+
+def make_stdlib_corpus(root: Path, megabytes: int) -> int:
+    """Copies of the stdlib's own ``*.py`` files (tests left out), in many small files as a code
+    base has them: copy k renames a few common words with a suffix from k. Returns bytes."""
+    def edit(k: int, text: str) -> str:
+        for j, w in enumerate(WORDS[:5]):
+            text = text.replace(f" {w}", f" {w}{k}_{j}")
+        return text
+    return write_copies(root, megabytes, stdlib_sources(tests=False), edit)
 
 
 SELF_NAMES = ("self", "this", "me", "obj", "inst", "slf", "s")
@@ -96,28 +108,8 @@ def make_renamed_corpus(root: Path, megabytes: int) -> int:
     """Copies of the whole stdlib (its tests too), copy k with ``self`` renamed one of seven
     ways and numbered by k (``this3``), so the vocabulary keeps growing with the corpus: the
     corpus on which tokenize memory is held to its targets. Returns bytes."""
-    std = Path(sysconfig.get_paths()["stdlib"])
-    sources = []
-    for p in sorted(std.rglob("*.py")):
-        if "site-packages" in p.parts:
-            continue
-        try:
-            sources.append((p.relative_to(std), p.read_text(encoding="utf-8")))
-        except (UnicodeDecodeError, OSError):
-            continue
-    total, k = 0, 0
-    while total < megabytes * 1_000_000:
-        name = f"{SELF_NAMES[k % 7]}{k // 7 or ''}"
-        for rel, text in sources:
-            out = root / f"copy{k:03d}" / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            data = (text.replace("self", name) if k else text).encode()
-            out.write_bytes(data)
-            total += len(data)
-            if total >= megabytes * 1_000_000:
-                break
-        k += 1
-    return total
+    return write_copies(root, megabytes, stdlib_sources(tests=True),
+                        lambda k, text: text.replace("self", f"{SELF_NAMES[k % 7]}{k // 7 or ''}"))
 
 
 CORPORA = {"synthetic": (make_corpus, "*.txt"), "stdlib": (make_stdlib_corpus, "**/*.py"),

@@ -127,16 +127,7 @@ def read_task(path: str | Path, key: str = "tasks") -> list[Question]:
     """Every question of a task file or `datasets` source; one line names the setting
     (``key``), the source and the line or row that is wrong."""
     if is_dataset_source(str(path)):
-        out = []
-        for n, row in enumerate(_dataset_rows(str(path), key), start=1):
-            try:
-                out.append(question(row))
-            except (ValueError, KeyError, TypeError, RecursionError) as e:
-                reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-                raise UserError(f"{key}: {path}, row {n}: {reason}") from None
-        if not out:
-            raise UserError(f"{key}: {path} holds no question")
-        return out
+        return _questions(enumerate(_dataset_rows(str(path), key), start=1), f"{key}: {path}", "row")
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -144,17 +135,22 @@ def read_task(path: str | Path, key: str = "tasks") -> list[Question]:
         raise UserError(f"{key}: {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{key}: {path} cannot be read as text ({type(e).__name__})") from None
+    lines = ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
+    return _questions(lines, f"{key}: {path}", "line", parse=json.loads)
+
+
+def _questions(records, where: str, unit: str, parse=lambda record: record) -> list[Question]:
+    """The questions of numbered records (each read by ``parse``); the first that fits no
+    layout is one line naming ``where`` and its ``unit`` (line or row) number."""
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, record in records:
         try:
-            out.append(question(json.loads(line)))
+            out.append(question(parse(record)))
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-            raise UserError(f"{key}: {path}, line {n}: {reason}") from None
+            raise UserError(f"{where}, {unit} {n}: {reason}") from None
     if not out:
-        raise UserError(f"{key}: {path} holds no question")
+        raise UserError(f"{where} holds no question")
     return out
 
 

@@ -265,6 +265,18 @@ class Payload:
         return (os.system, (f"touch {CANARY}",))
 
 
+def edit_tensor_shape(rng: random.Random, path: Path) -> str:
+    """A safetensors file whose header gives one tensor another shape (the data left as is)."""
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    key = rng.choice([k for k in header if k != "__metadata__"])
+    header[key]["shape"] = rng.choice([[1], [10**9], [], [3, -1]])
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
+    return f"{path.name}: the shape of {key} edited"
+
+
 def mutate_checkpoint_file(rng: random.Random, ckpt: Path) -> str:
     import torch
 
@@ -280,14 +292,7 @@ def mutate_checkpoint_file(rng: random.Random, ckpt: Path) -> str:
         path.write_text(path.read_text() + f"\npayload: !!python/object/apply:os.system ['touch {CANARY}']\n")
         return "config.yaml: a !!python tag"
     if name == "model.safetensors" and rng.random() < 0.3:
-        raw = bytearray(path.read_bytes())
-        (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8:8 + n])
-        key = rng.choice([k for k in header if k != "__metadata__"])
-        header[key]["shape"] = rng.choice([[1], [10**9], [], [3, -1]])
-        blob = json.dumps(header).encode()
-        path.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
-        return f"model.safetensors: the shape of {key} edited"
+        return edit_tensor_shape(rng, path)
     if name.endswith(".json") and rng.random() < 0.75:
         return mutate_json_value(rng, path)
     return mutate_bytes(rng, path)
@@ -319,14 +324,7 @@ def mutate_transformers_dir(rng: random.Random, hf: Path) -> str:
                        "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
     path = hf / name
     if name == "model.safetensors" and rng.random() < 0.5:
-        raw = bytearray(path.read_bytes())
-        (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8:8 + n])
-        key = rng.choice([k for k in header if k != "__metadata__"])
-        header[key]["shape"] = rng.choice([[1], [10**9], [], [3, -1]])
-        blob = json.dumps(header).encode()
-        path.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
-        return f"model.safetensors: the shape of {key} edited"
+        return edit_tensor_shape(rng, path)
     if name.endswith(".json") and rng.random() < 0.8:
         return mutate_json_value(rng, path)
     return mutate_bytes(rng, path)
