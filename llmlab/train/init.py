@@ -22,7 +22,6 @@ from llmlab.errors import ConfigError, UserError
 SECTIONS = ("model", "attention", "ffn", "norm", "pos", "objective", "tokenizer")
 GROUPS = {"model": "model", "model/attention": "attention", "model/ffn": "ffn", "norm": "norm", "pos": "pos",
           "objective": "objective", "tokenizer": "tokenizer"}
-FREE = {"model.name"}  # a label, not the network
 
 
 @dataclass(frozen=True)
@@ -105,11 +104,12 @@ def check_overrides(overrides: list[str], composed: Mapping[str, Any], source: I
     decided = with_init(composed, source)
     for text in overrides:
         key, eq, _ = text.lstrip("+~").partition("=")
-        if not eq or key in FREE:
+        if not eq:
             continue
         if key in GROUPS:  # a group option: every setting of the section(s) it fills
             sections = SECTIONS[:-1] if key == "model" else (GROUPS[key],)
-            keys = [f"{s}.{k}" for s in sections for k in (composed.get(s) or {}) if f"{s}.{k}" not in FREE]
+            keys = sorted((f"{s}.{k}" for s in sections for k in (composed.get(s) or {})),
+                          key=lambda k: k == "model.name")  # the label last: a size or kind says more
         elif key.split(".")[0] in SECTIONS:
             keys = [key]
         else:

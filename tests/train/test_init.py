@@ -62,6 +62,8 @@ def test_a_run_from_a_checkpoint_or_its_export_starts_at_the_sources_loss(source
     ("model.d_model=64", ["model.d_model: init=", "model.d_model is 32 there (its config.json), not 64"]),
     ("model/attention=gqa", ["model/attention: init=", "attention.kind is 'qknorm' there"]),
     ("tokenizer=bpe", ["tokenizer: init=", "tokenizer.kind is 'pretrained' there (its tokenizer.json)"]),
+    ("model.name=mine", ["model.name: init=", "model.name is 'hf' there (its config.json), not 'mine'"]),
+    ("model=gpt2", ["model: init=", "model.bias is False there (its config.json), not True"]),
 ])
 def test_a_setting_that_contradicts_the_source_is_one_line(source, override, fragments):
     root, data = source
