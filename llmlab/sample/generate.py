@@ -145,7 +145,8 @@ def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs
         if use_cache:
             if cache is None or cache.pos + feed.shape[1] > window:
                 # (re)fill: the whole prompt at first, the latest half window once the context is full
-                feed = out[:, -(window // 2 if cache is not None else window):]
+                # (at least the newest token: a window of one position has no half to keep)
+                feed = out[:, -(max(1, window // 2) if cache is not None else window):]
                 if graphed is not None:
                     cache.truncate(0)  # the recorded step holds this cache's buffers
                 else:

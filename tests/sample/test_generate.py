@@ -152,3 +152,20 @@ def test_rope_angles_past_the_table_grow_it_and_match_computed_ones():
     half = torch.cat([-t[..., 4:], t[..., :4]], dim=-1)
     c, s = want_cos, torch.cat([want_sin[:, 4:], want_sin[:, 4:]], dim=-1)  # the unsigned sin
     assert torch.allclose(rope.view(positions).rotate(t), t * c + half * s, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_a_window_of_a_few_positions_decodes_past_it(window):
+    """A model whose context holds one position (model.max_seq_len=1) refills its cache with
+    the newest token at every step, which is what the uncached loop sees too; a window of a
+    few positions decodes past its end through its refills."""
+    from llmlab.sample.generate import generate
+    from tests.conftest import tiny_model
+
+    model = tiny_model(max_seq_len=window)
+    prompt = torch.tensor([[5, 7, 11]])
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0)
+    cached = generate(model, prompt, cfg, use_cache=True, pack=False)
+    assert cached.shape == (1, 9) and torch.equal(cached[:, :3], prompt)
+    if window == 1:
+        assert torch.equal(cached, generate(model, prompt, cfg, use_cache=False, pack=False))
