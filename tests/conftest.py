@@ -63,6 +63,8 @@ LONGEST_FIRST = (
     "train/test_state.py",  # 13
     "train/test_loop.py",  # 12
     "data/test_shards.py",  # 11
+    "train/test_init.py",  # 11
+    "export/test_hf_load.py",  # 10
     "train/test_budget.py",  # 11
     "train/test_settings.py",  # 9
     "test_extensions.py",  # 8

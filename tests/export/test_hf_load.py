@@ -4,6 +4,8 @@ express, and every damaged or crafted file, is one line naming it."""
 
 import contextlib
 import json
+import shutil
+from pathlib import Path
 import numpy as np
 import pytest
 import torch
@@ -85,10 +87,27 @@ def test_a_directory_transformers_saved_scores_as_transformers_scores_it(tmp_pat
     assert ours < 10  # a real loss, not a failed build's nan
 
 
-def exported(tmp_path, *overrides):
-    ckpt = checkpoint(tmp_path, *overrides)
-    export_hf(ckpt, build_model(ckpt, CPU), tmp_path / "hf")
-    return tmp_path / "hf"
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict:
+    """This module's exports, by their overrides, each built once."""
+    return {"root": tmp_path_factory.mktemp("exports"), "made": {}}
+
+
+@pytest.fixture
+def exported(exports, tmp_path):
+    """``exported(*overrides)``: a copy, in the test's own folder, of the export of a
+    checkpoint built once per module for those overrides (each test edits its copy)."""
+    def make(*overrides) -> Path:
+        made = exports["made"]
+        if overrides not in made:
+            where = exports["root"] / f"e{len(made)}"
+            where.mkdir()
+            ckpt = checkpoint(where, *overrides)
+            export_hf(ckpt, build_model(ckpt, CPU), where / "hf")
+            made[overrides] = where / "hf"
+        shutil.copytree(made[overrides], tmp_path / "hf")
+        return tmp_path / "hf"
+    return make
 
 
 def edit_config(directory, **changes):
@@ -123,8 +142,8 @@ REFUSED_CONFIGS = {
 
 
 @pytest.mark.parametrize("case", REFUSED_CONFIGS)
-def test_what_llmlab_cannot_express_or_a_damaged_config_is_one_line(tmp_path, case):
-    directory = exported(tmp_path, "model=llama", "model.tie_embeddings=true")
+def test_what_llmlab_cannot_express_or_a_damaged_config_is_one_line(exported, case):
+    directory = exported("model=llama", "model.tie_embeddings=true")
     changes, message = REFUSED_CONFIGS[case]
     edit_config(directory, **changes)
     with pytest.raises(UserError, match="^ckpt: ") as e:
@@ -132,23 +151,23 @@ def test_what_llmlab_cannot_express_or_a_damaged_config_is_one_line(tmp_path, ca
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_gpt2_settings_it_cannot_express_are_refused(tmp_path):
-    directory = exported(tmp_path, "model=gpt2")
+def test_gpt2_settings_it_cannot_express_are_refused(exported):
+    directory = exported("model=gpt2")
     edit_config(directory, scale_attn_by_inverse_layer_idx=True)
     with pytest.raises(UserError, match="scale_attn_by_inverse_layer_idx=true, which llmlab's model cannot express"):
         load_checkpoint(directory)
 
 
-def test_a_pickle_only_directory_is_refused_without_loading_it(tmp_path):
-    directory = exported(tmp_path, "model=llama")
+def test_a_pickle_only_directory_is_refused_without_loading_it(exported):
+    directory = exported("model=llama")
     (directory / "model.safetensors").unlink()
     (directory / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(UserError, match="only as pytorch_model.bin .a pickle.*llmlab loads safetensors only"):
         load_checkpoint(directory)
 
 
-def test_shards_are_read_and_may_not_name_a_file_outside(tmp_path):
-    directory = exported(tmp_path, "model=llama")
+def test_shards_are_read_and_may_not_name_a_file_outside(exported):
+    directory = exported("model=llama")
     single = load_checkpoint(directory)
     weights = load_file(str(directory / "model.safetensors"))
     names = sorted(weights)
@@ -166,16 +185,16 @@ def test_shards_are_read_and_may_not_name_a_file_outside(tmp_path):
         load_checkpoint(directory)
 
 
-def test_a_truncated_weights_file_is_one_line(tmp_path):
-    directory = exported(tmp_path, "model=llama")
+def test_a_truncated_weights_file_is_one_line(exported):
+    directory = exported("model=llama")
     data = (directory / "model.safetensors").read_bytes()
     (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(UserError, match="model.safetensors is truncated or corrupt"):
         load_checkpoint(directory)
 
 
-def test_an_integer_tensor_where_a_weight_belongs_is_refused(tmp_path):
-    directory = exported(tmp_path, "model=llama")
+def test_an_integer_tensor_where_a_weight_belongs_is_refused(exported):
+    directory = exported("model=llama")
     weights = load_file(str(directory / "model.safetensors"))
     weights["model.norm.weight"] = weights["model.norm.weight"].long()
     save_file(weights, str(directory / "model.safetensors"))
@@ -183,8 +202,8 @@ def test_an_integer_tensor_where_a_weight_belongs_is_refused(tmp_path):
         load_checkpoint(directory)
 
 
-def test_the_eos_token_comes_from_the_model_config_when_the_tokenizer_config_has_none(tmp_path):
-    directory = exported(tmp_path, "model=llama")
+def test_the_eos_token_comes_from_the_model_config_when_the_tokenizer_config_has_none(exported):
+    directory = exported("model=llama")
     (directory / "tokenizer_config.json").unlink()
     assert load_checkpoint(directory).state["eos"] == "<|endoftext|>"
     edit_config(directory, eos_token_id=None)
