@@ -40,7 +40,7 @@ def test_a_document_is_scored_as_if_it_were_alone(attn):
     assert not torch.allclose(c[:, 10:], d[:, 10:], atol=1e-5)  # without the mask it does
 
 
-@pytest.mark.parametrize("attn", ["mha", "gqa", "swa"])
+@pytest.mark.parametrize("attn", ["gqa", "swa"])  # shared key/value heads; one per query head, with a window
 def test_flex_attention_keeps_the_same_documents_as_the_mask(attn, monkeypatch):
     """The CUDA route (`llmlab.model.flex`), run unfused on the CPU: the same logits as SDPA
     under the boolean mask, at several documents a window (its CPU path has no backward)."""

@@ -35,6 +35,7 @@ def test_auto_is_bf16_for_training_and_evaluation_on_a_cpu_with_the_units(monkey
     note = precision_note("auto", train, CPU)
     assert note.startswith(train + ", auto")
     assert ("LLMLAB_CPU_BF16=1" in note) == (unit == "1")
+    assert precision_note("fp32", "fp32", CPU) == "fp32"  # a precision given is said as given
 
 
 def test_the_start_line_says_the_precision_and_why(corpus_dir, tmp_path):
@@ -54,5 +55,3 @@ def test_the_start_line_says_the_precision_and_why(corpus_dir, tmp_path):
     on = run_cli("train", *args, "hydra.run.dir=on", cwd=tmp_path, env={"LLMLAB_CPU_BF16": "1"})
     assert on.returncode == 0, on.stderr
     assert "device cpu (bf16, auto: this CPU multiplies bf16 in hardware (LLMLAB_CPU_BF16=1); precision=fp32" in on.stdout
-    off = run_cli("train", *args, "precision=fp32", "hydra.run.dir=off", cwd=tmp_path, env={"LLMLAB_CPU_BF16": "1"})
-    assert "device cpu (fp32);" in off.stdout

@@ -3,6 +3,7 @@ transformers export takes the source's network, tokenizer and weights, so its fi
 scores exactly what the source scores there; a setting that contradicts the source is one
 line naming both values."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,8 @@ def test_a_run_from_a_checkpoint_or_its_export_starts_at_the_sources_loss(source
     assert "init: the weights of" in run.stdout
     first = losses(root / f"from-{init}")[1]
     assert abs(first - first_batch_loss(root, data, root / "src")) < 1e-4
-    fresh = run_cli("train", *data, *TINY, "train.steps=1", "train.eval_every=0", "hydra.run.dir=fresh", cwd=root)
-    assert fresh.returncode == 0, fresh.stderr
-    assert losses(root / "fresh")[1] > first + 0.5  # the source had learnt something, and the run kept it
+    # the source had learnt something, and the run kept it: a fresh model starts near ln(vocab)
+    assert first < math.log(load_checkpoint(root / "hf").spec["vocab_size"]) - 1.0
     spec = load_checkpoint(root / f"from-{init}").spec
     assert spec["attention"]["kind"] == "qknorm" and spec["model"]["d_model"] == 32
 
