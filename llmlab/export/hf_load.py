@@ -148,8 +148,9 @@ SPECS = {"llama": lambda f: _llama_spec(f, qk_norm=False), "qwen3": lambda f: _l
          "gpt2": _gpt2_spec}
 
 
-def read_config(path: Path) -> tuple[str, dict]:
-    """(family, model.json-style spec) from ``path``/config.json, checked, without weights."""
+def read_config(path: Path) -> tuple[str, dict, dict]:
+    """(family, model.json-style spec, config.json itself) from ``path``/config.json, checked,
+    without weights."""
     where = path / "config.json"
     try:
         config = json.loads(where.read_text(encoding="utf-8"))
@@ -168,10 +169,10 @@ def read_config(path: Path) -> tuple[str, dict]:
     spec["model"].update(name=path.resolve().name, vocab_multiple=1,
                          init_std=f.float("initializer_range", 0.02))
     spec["objective"] = {"kind": "clm"}
-    return family, spec
+    return family, spec, config
 
 
-def eos_token(path: Path) -> str | None:
+def eos_token(path: Path, config: dict | None = None) -> str | None:
     """The end-of-text token's text, from tokenizer_config.json (a string or an added-token
     mapping), else config.json's ``eos_token_id`` looked up in tokenizer.json; None if neither."""
     tok_cfg = path / "tokenizer_config.json"
@@ -184,10 +185,12 @@ def eos_token(path: Path) -> str | None:
             value = value.get("content")
         if isinstance(value, str) and value:
             return value
-    try:
-        eos_id = json.loads((path / "config.json").read_text(encoding="utf-8")).get("eos_token_id")
-    except (OSError, ValueError) as e:
-        raise UserError(f"ckpt: {path / 'config.json'} is unreadable ({type(e).__name__})") from e
+    if config is None:
+        try:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UserError(f"ckpt: {path / 'config.json'} is unreadable ({type(e).__name__})") from e
+    eos_id = config.get("eos_token_id") if isinstance(config, dict) else None
     if isinstance(eos_id, list):
         eos_id = eos_id[0] if eos_id else None
     if isinstance(eos_id, int) and not isinstance(eos_id, bool) and (path / "tokenizer.json").is_file():
@@ -336,9 +339,9 @@ WEIGHTS = {"llama": _llama_weights, "qwen3": _llama_weights, "gpt2": _gpt2_weigh
 def load_hf_dir(path: Path) -> tuple[dict, dict[str, torch.Tensor], str | None]:
     """(model.json-style spec, weights by llmlab's names, end-of-text token) of a transformers
     directory; every problem is one line naming the file and field."""
-    family, spec = read_config(path)
+    family, spec, config = read_config(path)
     if not (path / "tokenizer.json").is_file():
         raise UserError(f"ckpt: {path} has no tokenizer.json (llmlab reads a fast tokenizer's file, which "
                         "`tokenizer.save_pretrained` writes)")
     weights = WEIGHTS[family](spec, read_weights(path), path)
-    return spec, weights, eos_token(path)
+    return spec, weights, eos_token(path, config)

@@ -174,6 +174,13 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def check_described(p: Path, key: str) -> None:
+    """Weights with nothing that says what network they belong to are one line naming ``key``."""
+    if not any((p / f).exists() for f in (MANIFEST, "model.json", "config.json")) and (p / "model.safetensors").exists():
+        raise UserError(f"{key}: {p} has weights but neither model.json (an llmlab checkpoint) nor config.json (a "
+                        "transformers directory) to say what network they belong to")
+
+
 def _existing(path) -> Path:
     p = checkpoint_arg(path)
     return latest_run_checkpoint(Path("outputs")) if p is None else p
@@ -294,9 +301,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if is_hf_dir(p):
         spec, weights, eos = load_hf_dir(p)
         return Checkpoint(p, spec, {"step": None, "eos": eos}, {}, weights, spec_file="config.json")
-    if not any((p / f).exists() for f in (MANIFEST, "model.json")) and (p / "model.safetensors").exists():
-        raise UserError(f"ckpt: {p} has weights but neither model.json (an llmlab checkpoint) nor config.json (a "
-                        "transformers directory) to say what network they belong to")
+    check_described(p, "ckpt")
     if is_checkpoint_dir(p):
         return _load_dir(p)
     for root in (p / "checkpoints", p):

@@ -38,18 +38,17 @@ def init_source(value: str) -> InitSource:
 
     from llmlab.export.hf_load import eos_token, is_hf_dir, read_config
     from llmlab.model.config import ModelSpec
-    from llmlab.train.checkpoint import is_checkpoint_dir, json_object, check_model_json, list_checkpoints
+    from llmlab.train.checkpoint import (check_described, check_model_json, is_checkpoint_dir, json_object,
+                                         list_checkpoints)
     from llmlab.train.recovery import completeness
 
     path = Path(os.path.expanduser(str(value)))
     if not path.exists():
         raise UserError(f"init: {path} does not exist")
-    if not any((path / f).exists() for f in ("manifest.json", "model.json", "config.json", "checkpoints")) \
-            and (path / "model.safetensors").exists():
-        raise UserError(f"init: {path} has weights but neither model.json (an llmlab checkpoint) nor config.json (a "
-                        "transformers directory) to say what network they belong to")
+    check_described(path, "init")
     if is_hf_dir(path):
-        spec, spec_file, eos = read_config(path)[1], "config.json", eos_token(path)
+        _, spec, config = read_config(path)
+        spec_file, eos = "config.json", eos_token(path, config)
     else:
         if not is_checkpoint_dir(path):
             found = list_checkpoints(path / "checkpoints")

@@ -211,9 +211,10 @@ class Trainer:
         self.bytes_per_token_val = prepared.bytes_per_token("val")
 
     def _build_model(self) -> None:
+        self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id, self.dist.is_main)
         source = None
-        if self.job.init is not None:  # its weights' shapes are checked before a model is allocated from its config
-            source = load_checkpoint(self.job.init.path)
+        if self.job.init is not None and self.ckpt is None:  # init= (a resume has its own weights): the
+            source = load_checkpoint(self.job.init.path)  # shapes checked before a model is allocated
             check_sizes_against_weights(self.spec, source.weights, source.path)
         self.model = model = Transformer(self.spec).to(self.device)
         model.checkpointing = self.loop.activation_checkpointing
@@ -225,8 +226,7 @@ class Trainer:
         self._plan_length(model)
         print_model_card(model, self.card)
         self.weight_names = unique_names(model)
-        self.ckpt = resume.resume_checkpoint(self.loop, self.run_dir, self.run_id, self.dist.is_main)
-        if source is not None and self.ckpt is None:  # init=: the source's weights, before FSDP shards them
+        if source is not None:  # init=: the source's weights, before FSDP shards them
             load_weights(model, source.weights, source.path, f"its {source.spec_file}")
             console.out.print(f"init: the weights of {source.path} (as its {source.spec_file} describes them); "
                               "the optimizer and schedule start at step 0")

@@ -101,3 +101,16 @@ def test_a_config_that_its_weights_do_not_match_is_refused_before_a_model_is_bui
     result = run_cli("train", *data, *loop, f"init={crafted}", "train.steps=1", "hydra.run.dir=crafted", cwd=root)
     one_line_error(result, 1, "model.embed_tokens.weight is torch.float32 (320, 32), but config.json implies a float "
                               "tensor of shape (320, 1048576)")
+
+
+def test_a_run_from_init_resumes_from_its_own_checkpoint_not_the_source(source):
+    root, data = source
+    args = ["train", *data, *FROM, "init=hf", "train.steps=4", "train.eval_every=0", "hydra.run.dir=resumed"]
+    first = run_cli(*args, "train.max_steps=2", cwd=root)
+    assert first.returncode == 0, first.stderr
+    again = run_cli(*args, cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert "init: the weights of" not in again.stdout  # the resume's weights, not the source's again
+    whole = run_cli(*[a.replace("resumed", "whole") for a in args], cwd=root)
+    assert whole.returncode == 0, whole.stderr
+    assert losses(root / "resumed")[4] == losses(root / "whole")[4]  # resumed exactly
