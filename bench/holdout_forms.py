@@ -15,9 +15,13 @@ at each smaller budget whose sizes bracket it, fitted by a power law in C with n
     python -m bench.holdout_forms                       # the committed studies, a few minutes
     python -m bench.holdout_forms isoflop isoflop-gpu   # some of them
 
-The frontier's interval is calibrated (`llmlab.study.calibration`): its seed interval widened by
-the law's leave-one-budget-out error on the fitted budgets; ``frontier_seed`` keeps the seed
-interval alone, for comparison. The pooled ``summary`` says, per route, what a study can stand
+The frontier's route (``frontier``, the report's default) is the fitted line moved by the
+ladder's drift (`llmlab.study.calibration.Drift`): measured on the other families' studies
+only (`family`), so that no study helps predict itself, and its spread added to the seed
+interval. ``frontier_lobo`` is the line with its seed interval widened by its own
+leave-one-budget-out error instead, ``frontier_seed`` the seed interval alone, for comparison.
+``summary.drift`` is the drift over every study, the figure the report uses
+(`llmlab.study.calibration.LAB_DRIFT`). The pooled ``summary`` says, per route, what a study can stand
 behind: ``coverage`` (the share of held-out observations inside their 95% interval),
 ``halfwidth`` (the median relative half-width of those intervals), ``sign_p`` (a two-sided sign
 test of the errors: a small value is a fit biased to one side), ``order_cases`` (pairs of
@@ -90,6 +94,25 @@ def cells(report: dict, size: str = "params") -> dict[str, list]:
 DEFAULT_ROUTE = "frontier"  # the route the report's hold-out and decisions lead with
 
 
+def family(study: str) -> str:
+    """Studies that share runs, a design or a machine form a family: the CPU IsoFLOP studies,
+    their learning-rate reruns, the GPU studies, the branch studies. The drift a study is scored
+    with is measured on the other families only, so that no study helps predict itself."""
+    return ("branch" if study.startswith("branch-study") else "gpu" if "-gpu" in study
+            else "lr" if study.startswith("isoflop-lr") else "isoflop")
+
+
+def ladder(rows: list[dict], leave_out: str | None = None) -> "cal.Drift":
+    """The drift (`calibration.Drift`) of the line's held-out errors over ``rows`` (each
+    variant's runs counted once), without the family ``leave_out``."""
+    have = [r for r in rows if r.get("frontier_lobo") and "why" not in r["frontier_lobo"] and not r.get("same_runs_as")
+            and family(r["study"]) != leave_out]
+    cases = [(math.log(r["frontier_lobo"]["observed"] / r["frontier_lobo"]["predicted"]), r["frontier_lobo"]["distance"])
+             for r in have]
+    span = (min(r["frontier_lobo"]["fitted_from"] for r in have), max(r["budget"] for r in have))
+    return cal.drift_of(cases, span)
+
+
 def pooled(rows: list[dict], form: str) -> dict:
     """A route's figures over every study and variant (see the module's docstring)."""
     from scipy.stats import binomtest
@@ -157,16 +180,16 @@ def main() -> None:
                       + (f"; on a bound: {', '.join(row[route]['at_bounds'])}" if row[route]["at_bounds"] else ""),
                       flush=True)
             f = ho.frontier_holdout(built, budgets, su.BOOTSTRAPS)  # the second route: no surface, no floor
-            row["frontier"] = f if f is None or "why" in f else {
+            row["frontier_lobo"] = f if f is None or "why" in f else {
                 **{k: f[k] for k in ("predicted", "interval", "seed_interval", "misspecification", "lobo_rms", "reach",
-                                     "observed", "error", "within_interval", "gamma")},
-                "lobo": {f"{b:.6g}": e for b, e in f["lobo"].items()}, "at_bounds": []}
+                                     "observed", "error", "within_interval", "gamma", "distance")},
+                "lobo": {f"{b:.6g}": e for b, e in f["lobo"].items()}, "at_bounds": [], "fitted_from": f["fitted_on"][0]}
             if f is not None and "why" not in f:
                 lo, hi = f["seed_interval"]
-                row["frontier_seed"] = {**row["frontier"], "interval": f["seed_interval"],
+                row["frontier_seed"] = {**row["frontier_lobo"], "interval": f["seed_interval"],
                                         "within_interval": lo <= f["observed"] <= hi}
 
-            print(f"{study:18s} {label[-22:]:>22s} frontier   "
+            print(f"{study:18s} {label[-22:]:>22s} line       "
                   + (f"n/a ({f['why'] if f else 'fewer than 3 budgets'})" if f is None or "why" in f else
                      f"predicted {f['predicted']:.4f} [{f['interval'][0]:.4f}, {f['interval'][1]:.4f}] observed "
                      f"{f['observed']:.4f} {f['error']:+.2%}{'' if f['within_interval'] else ' outside'}"), flush=True)
@@ -176,20 +199,40 @@ def main() -> None:
                   + (" (nested: " + ", ".join(f"{f} {e:+.2%}" for f, e in chosen["errors"].items()) + ")"
                      if "errors" in chosen else f" ({chosen['why']})"), flush=True)
             twin = next((r for r in rows if r["variant"] == label and r["budget"] == row["budget"]
-                         and r["runs"] == row["runs"] and r.get("frontier") == row.get("frontier")
+                         and r["runs"] == row["runs"] and r.get("frontier_lobo") == row.get("frontier_lobo")
                          and r["chinchilla"]["observed"] == row["chinchilla"]["observed"]), None)
             if twin is not None:  # the same runs, reported again beside another variant (bench.branch_study --compare)
                 row["same_runs_as"] = twin["study"]
             rows.append(row)
+    lab = ladder(rows)
+    for row in rows:  # the drift route: the line moved by the drift of the other families' studies
+        f = row.get("frontier_lobo")
+        if f is None or "why" in f:
+            row["frontier"] = f
+            continue
+        drift = ladder(rows, leave_out=family(row["study"]))
+        predicted, interval = cal.drifted(f["predicted"], f["seed_interval"], drift, f["distance"])
+        row["frontier"] = {**f, "predicted": predicted, "interval": interval, "line": f["predicted"],
+                           "seed_interval": [x * predicted / f["predicted"] for x in f["seed_interval"]],
+                           "error": f["observed"] / predicted - 1,
+                           "within_interval": interval[0] <= f["observed"] <= interval[1],
+                           "drift": {**drift.as_dict(), "left_out": family(row["study"])}}
+        print(f"{row['study']:18s} {row['variant'][-22:]:>22s} frontier   predicted {predicted:.4f} "
+              f"[{interval[0]:.4f}, {interval[1]:.4f}] observed {f['observed']:.4f} {row['frontier']['error']:+.2%}"
+              f"{'' if row['frontier']['within_interval'] else ' outside'} (drift {drift.rate:+.4f} per ln C, "
+              f"{family(row['study'])} left out)", flush=True)
     for row in rows:  # the frontier says nothing of sizes: its route's compute-optimal size is the chosen surface's
-        for route in ("frontier", "frontier_seed"):
+        for route in ("frontier", "frontier_lobo", "frontier_seed"):
             if row.get(route) and "why" not in row[route]:
                 row[route].update({k: row["auto"][k] for k in ("predicted_size", "observed_size", "size_steps")})
     summary = {form: pooled(rows, form) for form in (*su.FORMS, *(f"{f}_flops" for f in su.FORMS), "auto", "frontier",
-                                                       "frontier_seed")}
+                                                       "frontier_lobo", "frontier_seed")}
     summary["default"] = DEFAULT_ROUTE
+    summary["drift"] = lab.as_dict()
+    print(f"the ladder's drift over every study: {lab.rate:+.5f} per ln C (sd {lab.sd:.5f}, {lab.studies} variant-studies, "
+          f"{lab.budgets[0]:.3g} to {lab.budgets[1]:.3g} FLOPs); llmlab.study.calibration.LAB_DRIFT should say the same")
     for form, s in summary.items():
-        if form == "default":
+        if form in ("default", "drift"):
             continue
         if not s["cases"]:
             print(f"{form}: no case")

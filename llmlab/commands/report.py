@@ -14,6 +14,7 @@ SELECT = ("all", "best_lr")
 # that predicts the second largest budget best from the smaller ones (a nested hold-out)
 SURFACES = ("chinchilla", "kaplan", "auto")
 SIZES = ("params", "flops")  # llmlab.study.design.SIZE_MEASURES
+DRIFTS = ("lab", "none")  # llmlab.study.section.DRIFTS
 
 
 @dataclass
@@ -21,6 +22,7 @@ class ScalingConfig:
     """The ``scaling`` section: how the scaling fit measures a run."""
 
     size: str = choice("params", SIZES)  # N in the fit: params (non-embedding parameters) or flops (training FLOPs per token / 6: attention and head counted)
+    drift: str = choice("lab", DRIFTS)  # the hold-out's frontier: lab (moved by this lab's measured drift past the fitted budgets, its spread in the interval) or none (the fitted line, its leave-one-budget-out interval)
 
 @dataclass
 class ReportConfig(Checked):
@@ -44,7 +46,7 @@ def run(job: ReportConfig, run_dir: Path) -> None:
 
     out = Path(os.path.expanduser(job.out)) if job.out else run_dir
     write_report([str(r) for r in job.runs], job.baseline, out, select=job.select, min_steps=job.min_steps,
-                 surface=job.surface, size=job.scaling.size)
+                 surface=job.surface, size=job.scaling.size, drift=job.scaling.drift)
 
 
 COMMAND = Command("report", ReportConfig, run)

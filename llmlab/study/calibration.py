@@ -18,6 +18,21 @@ too small, and `law_error` corrects both:
 With two fitted budgets there is nothing to leave out: the interval stays the seed interval,
 and says so.
 
+Both corrections widen the interval but leave its centre on the fitted line, and on this lab's
+studies the line is biased: past the fitted budgets the loss falls faster than the line says
+(the local exponent still rises across every budget a CPU reaches), so every held-out loss but
+a few came out below its prediction. `Drift` is the route that removes that bias: the lab's own
+ladder of past studies, each one's held-out error against its fitted line per unit of ln C it
+extrapolated, gives a mean (the correction: the exponent past the fitted budgets is steeper by
+that much) and a spread (a 95% half-width by Student's t over the studies, growing with the
+distance extrapolated). The prediction is the line moved by the mean, the interval its seed
+interval moved with it and widened by the spread in quadrature; the spread measures the law's
+error directly, at the distance it matters, so the leave-one-budget-out term is not added
+again. `LAB_DRIFT` is that ladder's figure over every committed study
+(`python -m bench.holdout_forms` measures it, leaving each family of studies out in turn to
+score the route); a study far from its budgets, its models or its recipe sets
+``scaling.drift=none`` and gets the line with its leave-one-budget-out interval.
+
 The decisions (`order`, `size_steps`): which variant is predicted lower at the held-out budget
 and whether the interval of the gap excludes 0 (a decided order), and where the predicted
 compute-optimal size falls on the held-out budget's grid of sizes, in grid steps from the size
@@ -28,6 +43,7 @@ observed best.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -94,6 +110,66 @@ def calibrated(predicted: float, seed_interval: tuple[float, float] | None,
     below = math.hypot(math.log(predicted / lo), m) if lo > 0 else float("inf")
     above = math.hypot(math.log(hi / predicted), m)
     return predicted * math.exp(-below), predicted * math.exp(above)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How far held-out losses fell below the fitted line, per unit of ln C extrapolated, over
+    ``studies`` past variant-studies at ``budgets`` (the smallest fitted and the largest
+    held-out FLOPs): their mean ``rate`` (in ln L per ln C; negative: the loss fell faster) and
+    standard deviation ``sd``."""
+
+    rate: float
+    sd: float
+    studies: int
+    budgets: tuple[float, float]
+
+    def shift(self, distance: float) -> float:
+        """The correction to ln L at ``distance`` (in ln C) past the largest fitted budget."""
+        return self.rate * distance
+
+    def half_width(self, distance: float) -> float:
+        """The 95% half-width, in ln L, of that correction's error: Student's t over the
+        studies (one degree of freedom spent on the mean), times ``sd`` and the distance."""
+        from scipy.stats import t
+
+        return float(t.ppf(0.975, max(1, self.studies - 1))) * self.sd * distance
+
+    def as_dict(self) -> dict:
+        return {"rate": self.rate, "sd": self.sd, "studies": self.studies, "budgets": list(self.budgets)}
+
+
+def drift_of(cases: Sequence[tuple[float, float]], budgets: tuple[float, float]) -> Drift:
+    """The `Drift` of (error in ln L against the fitted line, distance in ln C) pairs, one per
+    variant-study; needs two of them, each with a positive distance."""
+    rates = [e / d for e, d in cases if d > 0]
+    if len(rates) < 2:
+        raise ValueError("a drift needs at least 2 held-out studies that extrapolated past their budgets")
+    return Drift(float(np.mean(rates)), float(np.std(rates, ddof=1)), len(rates), budgets)
+
+
+# The ladder of this lab's 26 committed variant-studies with a frontier hold-out
+# (bench/results/holdout_forms.json's summary.drift; tests/study/test_calibration.py checks the
+# two agree): fitted from 2.5e10 FLOPs, held out up to 5e12, 2-layer models 8 to 96 wide on a
+# 512-token vocabulary (bench.isoflop's design), on a CPU and on an H100. Past the fitted budgets the loss fell
+# 0.0152 further per unit of ln C than the fitted line said.
+LAB_DRIFT = Drift(rate=-0.015247, sd=0.017121, studies=26, budgets=(2.5e10, 5e12))
+
+
+def drifted(line: float, seed_interval: tuple[float, float] | None, drift: Drift,
+            distance: float) -> tuple[float, tuple[float, float] | None]:
+    """The fitted line's prediction moved by ``drift`` at ``distance`` (ln C past the largest
+    fitted budget), and its seed interval moved with it and widened on each side by the drift's
+    95% half-width, in logs and in quadrature."""
+    shift = math.exp(drift.shift(distance))
+    predicted = line * shift
+    if seed_interval is None:
+        return predicted, None
+    lo, hi = seed_interval[0] * shift, seed_interval[1] * shift
+    m = drift.half_width(distance)
+    below = math.hypot(math.log(predicted / lo), m) if lo > 0 else float("inf")
+    above = math.hypot(math.log(hi / predicted), m)
+    return predicted, (predicted * math.exp(-below), predicted * math.exp(above))
 
 
 def log_sd(predicted: float, interval: tuple[float, float]) -> float:

@@ -53,15 +53,19 @@ def holdout(label: str, cells: list[su.Cell], budgets: list[float], reps: int, f
             "size_steps": cal.size_steps(predicted_size, best.n, grid), "surface": su.surface_dict(fit)}
 
 
-def frontier_holdout(cells: list[su.Cell], budgets: list[float], reps: int) -> dict | None:
+def frontier_holdout(cells: list[su.Cell], budgets: list[float], reps: int,
+                     drift: cal.Drift | None = None) -> dict | None:
     """The frontier's own check, beside the surface's: the lowest loss at each budget but the
     largest, fitted by a power law in C (`scaling.Frontier`, no floor), predicts the largest
     budget's best loss. Its 95% prediction interval: the runs redrawn with their budget's seed
     noise (each budget's best cell chosen anew) plus the noise of the observed mean
     (``seed_interval``), widened by the law's own error (``interval``, `calibration.law_error`:
     its leave-one-budget-out errors, for their number and for how far the held-out budget lies
-    past the fitted ones). None with fewer than 3 budgets. (The frontier says nothing of sizes:
-    the compute-optimal size at the held-out budget is the surface's, `holdout`.)"""
+    past the fitted ones). Given a ``drift`` (`calibration.Drift`, the lab's ladder of past
+    studies), the prediction is the line moved by it and the interval the seed interval moved
+    with it and widened by its spread (`calibration.drifted`); the line's own figures stay as
+    ``line`` and ``lobo_interval``. None with fewer than 3 budgets. (The frontier says nothing
+    of sizes: the compute-optimal size at the held-out budget is the surface's, `holdout`.)"""
     if len(budgets) < 3 or (split := _below_and_at(cells, budgets[-1])) is None:
         return None
     train, held = split
@@ -92,9 +96,16 @@ def frontier_holdout(cells: list[su.Cell], budgets: list[float], reps: int) -> d
     lobo = cal.lobo_errors(fitted, [float(np.mean(train[best[b]].losses)) for b in fitted],
                            lambda b, losses: fr.fit_frontier(b, losses).loss)
     law = cal.law_error(lobo, top)
-    ci = cal.calibrated(predicted, seed_ci, law)
+    line, lobo_ci = predicted, cal.calibrated(predicted, seed_ci, law)
+    distance = math.log(top / fitted[-1])
+    ci, moved = lobo_ci, None
+    if drift is not None:
+        predicted, ci = cal.drifted(line, seed_ci, drift, distance)
+        moved = {**drift.as_dict(), "distance": distance, "shift": drift.shift(distance)}
+        seed_ci = seed_ci and (seed_ci[0] * predicted / line, seed_ci[1] * predicted / line)
     return {"predicted": predicted, "interval": ci, "seed_interval": seed_ci, "misspecification": law,
             "lobo": lobo, "lobo_rms": cal.misspecification(lobo), "reach": cal.reach(fitted, top),
+            "line": line, "lobo_interval": lobo_ci, "drift": moved, "distance": distance,
             "observed": observed, "error": observed / predicted - 1,
             "within_interval": ci is not None and ci[0] <= observed <= ci[1], "gamma": fit.gamma, "c_c": fit.c_c,
             "fitted_on": fitted}

@@ -173,18 +173,30 @@ def frontier_markdown(front: dict) -> list[str]:
     return out
 
 
+def _drift_words(held: list[dict]) -> str:
+    d = next((h["frontier"]["drift"] for h in held if (h.get("frontier") or {}).get("drift")), None)
+    return (f", then moved by this lab's drift: on {d['studies']} past variant-studies ({d['budgets'][0]:.3g} to "
+            f"{d['budgets'][1]:.3g} FLOPs) the held-out loss fell {-d['rate']:.4f} further per unit of ln C than "
+            "the fitted line said (sd " f"{d['sd']:.4f}). Its interval is the seed interval (each budget's own seed "
+            "noise) moved with it and widened by that spread at the distance extrapolated, in quadrature. A study far "
+            "from those budgets, models or recipes sets `scaling.drift=none`: the line, its interval widened by its "
+            "own leave-one-budget-out error")
+
+
 def holdout_markdown(held: list[dict]) -> list[str]:
     if not held:
         return []
     out = ["", "Hold-out check: each variant's surface fitted without the largest budget predicts that budget's best "
            "loss (the lowest over its sizes). Interval: 95% prediction interval (the bootstrap's fits plus the seed "
            "noise of the observed mean).", "",
-           "The frontier's columns are the second route: the best loss at each smaller budget, fitted by a power "
-           "law in C with no floor (above), extrapolated to the largest. Its interval (each budget's own seed noise) "
-           "also carries the law's own error: the RMS of its leave-one-budget-out errors on the smaller budgets, "
-           "widened for their few number (Student t) and for how many budget steps the held-out budget lies past "
-           "them, added in quadrature (with two fitted budgets there is none to measure, and the interval is the "
-           "seeds' alone). Where the two routes "
+           "The frontier's columns are the route the decisions lead with: the best loss at each smaller budget, "
+           "fitted by a power law in C with no floor (above), extrapolated to the largest"
+           + (_drift_words(held) if any((h.get("frontier") or {}).get("drift") for h in held) else
+              ". Its interval (each budget's own seed noise) also carries the law's own error: the RMS of its "
+              "leave-one-budget-out errors on the smaller budgets, widened for their few number (Student t) and for "
+              "how many budget steps the held-out budget lies past them, added in quadrature (with two fitted "
+              "budgets there is none to measure, and the interval is the seeds' alone)")
+           + ". Where the two routes "
            "disagree, the observed loss says which assumption held: the surface's floor E, or none within reach.", "",
            "| variant | held-out budget | fitted on | surface: predicted (95% PI) | error | frontier: predicted (95% PI) "
            "| error | observed |", "|" + " --- |" * 8]

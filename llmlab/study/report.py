@@ -248,7 +248,8 @@ WIDE = 240  # columns for tables printed into a log file or a pipe
 
 
 def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[Path, str] | None = None,
-                 select: str = "all", min_steps: int = 0, surface: str = "chinchilla", size: str = "params") -> dict:
+                 select: str = "all", min_steps: int = 0, surface: str = "chinchilla", size: str = "params",
+                 drift: str = "lab") -> dict:
     """Find the finished runs under ``dirs``, write report.md, report.json and report.png to
     ``out``, print the tables; return the report. ``llmlab report`` and the end of a train
     sweep both come here; a sweep passes its jobs that did not finish (directory -> why),
@@ -267,7 +268,7 @@ def write_report(dirs: list[str | Path], baseline, out: Path, unfinished: dict[P
     if unfinished:
         result["unfinished"] = {path.name: why for path, why in unfinished.items()}
     own_dir(out, "out")
-    scaling = se.scaling_section(runs, drop, min_steps=min_steps, form=surface, size=size)
+    scaling = se.scaling_section(runs, drop, min_steps=min_steps, form=surface, size=size, drift=drift)
     scaled = None
     if scaling is not None:
         result["scaling"] = se.public(scaling)

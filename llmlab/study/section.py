@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from llmlab.eval.runs import Run
+from llmlab.study import calibration as cal
 from llmlab.study import frontier as fr
 from llmlab.study import optimum as op
 from llmlab.study import surface as su
@@ -127,6 +128,7 @@ def frontier_section(all_cells: dict[str, list[su.Cell]], measured: tuple[float,
 # few steps (bench.isoflop's GPU studies: a d 160 model at 335 steps lost 0.8 nats to a d 64
 # one at 3,700), which L(N, D) does not model; there the fit without such runs missed its
 # hold-out by 1.6% instead of 4.6% (mha).
+DRIFTS = ("lab", "none")  # the frontier hold-out moved by calibration.LAB_DRIFT, or the line alone
 SHORT_RUN = 1000
 
 
@@ -137,13 +139,14 @@ def _steps(run: Run) -> int | None:
 
 def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | None = None,
                     at_budgets: list[float] | None = None, points: int = 3, min_steps: int = 0,
-                    form: str = "chinchilla", size: str = "params") -> dict | None:
+                    form: str = "chinchilla", size: str = "params", drift: str = "lab") -> dict | None:
     """The section's data, or None when the runs have no budget axis and size axis. The
     optimum and the next grid (``points`` sizes a budget) are worked out at the measured
     budgets, or at ``at_budgets``; ``reps`` bootstrap replicates (`surface.BOOTSTRAPS`). Runs
     of fewer than ``min_steps`` steps are left out of the fit (a run that does not say its
     steps is kept). ``form``: the surface's (`scaling.FORMS`), or ``auto`` (`choose_form`, per
-    variant). ``size``: what N measures (`SIZE_MEASURES`)."""
+    variant). ``size``: what N measures (`SIZE_MEASURES`). ``drift``: how the frontier's hold-out
+    extrapolates (`DRIFTS`)."""
     reps = reps or su.BOOTSTRAPS
     sizes, has_budget = axes(runs)
     if not sizes or not has_budget:
@@ -161,11 +164,12 @@ def scaling_section(runs: list[Run], drop: set[str] = frozenset(), reps: int | N
     found = {label: analyse(cells, sorted(at_budgets or budgets), reps, chosen[label]["form"])
              for label, cells in all_cells.items()}
     measured = (min(budgets), max(budgets)) if budgets else (math.nan, math.nan)
-    held = [{**h, "frontier": frontier_holdout(cells, budgets, reps)} for label, cells in all_cells.items()
+    moved = cal.LAB_DRIFT if drift == "lab" else None
+    held = [{**h, "frontier": frontier_holdout(cells, budgets, reps, moved)} for label, cells in all_cells.items()
             if (h := holdout(label, cells, budgets, reps, chosen[label]["form"])) is not None]
     grids = {label: next_grid(by_variant[label], v, sizes, points, size) for label, v in found.items()}
     return {"size_keys": sizes, "budget_key": BUDGET_KEY, "budgets": budgets, "measured": measured, "form": form,
-            "size": size,
+            "size": size, "drift": moved.as_dict() if moved else None,
             "chosen": {label: c for label, c in chosen.items() if form == "auto"},
             "runs": len(runs), "min_steps": min_steps, "left_out": len(runs) - len(fitted), "short": short,
             "steps_unknown": unknown, "unplaced": unplaced,

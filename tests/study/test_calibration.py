@@ -83,3 +83,45 @@ def test_the_gaps_law_error_grows_with_the_reach_as_each_variants_does():
     far = cal.order({**held(3.0, 3.0, sd, up), "reach": 3.0}, {**held(3.2, 3.2, sd, down), "reach": 3.0})
     assert near["decided"] and not far["decided"]
     assert far["interval"][1] - far["gap"] > near["interval"][1] - near["gap"]
+
+
+def test_a_drift_is_the_mean_and_spread_of_the_errors_per_unit_extrapolated():
+    cases = [(-0.04, 1.386), (-0.02, 0.693), (0.01, 0.916)]
+    rates = [e / d for e, d in cases]
+    d = cal.drift_of(cases, (1e10, 1e12))
+    assert d.rate == pytest.approx(np.mean(rates)) and d.sd == pytest.approx(np.std(rates, ddof=1))
+    assert d.studies == 3 and d.budgets == (1e10, 1e12)
+    from scipy.stats import t
+
+    assert d.half_width(2.0) == pytest.approx(t.ppf(0.975, 2) * d.sd * 2.0) and d.half_width(0.0) == 0.0
+    with pytest.raises(ValueError, match="at least 2 held-out studies"):
+        cal.drift_of([(-0.01, 1.0), (0.02, 0.0)], (1e10, 1e12))  # a distance of 0 extrapolated nothing
+
+
+def test_a_drift_moves_the_line_and_widens_its_seed_interval_in_quadrature():
+    drift = cal.Drift(rate=-0.02, sd=0.01, studies=11, budgets=(1e10, 1e12))
+    predicted, (lo, hi) = cal.drifted(3.0, (2.9, 3.1), drift, 1.5)
+    assert predicted == pytest.approx(3.0 * math.exp(-0.03))
+    m = drift.half_width(1.5)
+    assert math.log(predicted / lo) == pytest.approx(math.hypot(math.log(3.0 / 2.9), m))
+    assert math.log(hi / predicted) == pytest.approx(math.hypot(math.log(3.1 / 3.0), m))
+    # no distance extrapolated, nothing moved or widened
+    same, interval = cal.drifted(3.0, (2.9, 3.1), drift, 0.0)
+    assert same == pytest.approx(3.0) and interval == pytest.approx((2.9, 3.1))
+    assert cal.drifted(3.0, None, drift, 1.5) == (pytest.approx(predicted), None)
+
+
+def test_the_labs_drift_is_the_one_its_committed_studies_measure():
+    """LAB_DRIFT is copied from bench/results/holdout_forms.json's summary.drift (written by
+    `python -m bench.holdout_forms` over every committed study): a rerun that moves it must move
+    the constant the report uses too."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "results" / "holdout_forms.json"
+    if not path.is_file():
+        pytest.skip("no bench/results here")
+    measured = json.loads(path.read_text())["summary"]["drift"]
+    lab = cal.LAB_DRIFT
+    assert (lab.rate, lab.sd) == pytest.approx((measured["rate"], measured["sd"]), abs=5e-6)
+    assert lab.studies == measured["studies"] and lab.budgets == pytest.approx(tuple(measured["budgets"]))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from llmlab.errors import UserError
+from llmlab.study import calibration as cal
 from llmlab.study import design as de
 from llmlab.study import frontier as fr
 from llmlab.study import holdout as ho
@@ -417,6 +418,25 @@ def test_size_measured_as_flops_per_token_counts_what_parameters_leave_out(tmp_p
     assert r.returncode == 2 and "scaling.size" in r.stderr and "params, flops" in r.stderr, r.stderr
 
 
+def test_the_reports_frontier_is_moved_by_the_labs_drift_unless_told_none(tmp_path, full_report, few_replicates):
+    result, out = full_report
+    assert result["scaling"]["drift"] == cal.LAB_DRIFT.as_dict()
+    for h in result["scaling"]["holdout"]:
+        f = h["frontier"]
+        assert f["predicted"] == pytest.approx(f["line"] * math.exp(cal.LAB_DRIFT.rate * f["distance"]))
+        assert f["drift"]["studies"] == cal.LAB_DRIFT.studies
+    assert "then moved by this lab's drift" in (out / "report.md").read_text()
+    fake_sweep(tmp_path / "sweep")
+    plain = write_report([tmp_path / "sweep"], None, tmp_path / "out", drift="none")["scaling"]
+    assert plain["drift"] is None
+    for h in plain["holdout"]:
+        assert h["frontier"]["drift"] is None and h["frontier"]["predicted"] == h["frontier"]["line"]
+        assert h["frontier"]["interval"] == h["frontier"]["lobo_interval"]
+    assert "then moved by this lab's drift" not in (tmp_path / "out" / "report.md").read_text()
+    r = check_cli("report", str(tmp_path / "sweep"), "scaling.drift=mine", cwd=tmp_path)
+    assert r.returncode == 2 and "scaling.drift" in r.stderr and "lab, none" in r.stderr, r.stderr
+
+
 def test_the_fit_without_the_largest_budget_predicts_its_best_loss(full_report):
     result, out = full_report
     held = result["scaling"]["holdout"]
@@ -626,6 +646,24 @@ def test_a_planted_miss_is_outside_the_frontiers_interval_on_the_side_it_was_pla
     for offset, sign in ((0.05, 1), (-0.05, -1)):
         h = ho.frontier_holdout(centred_design(offset=offset), list(FRONTIER_BUDGETS), 200)
         assert not h["within_interval"] and np.sign(h["error"]) == sign, h
+
+
+def test_a_drift_the_ladder_measured_moves_a_planted_miss_back_inside_and_keeps_the_lines_figures():
+    """The largest budget's losses planted 5% below the law: the line misses below; the same
+    design with a drift of that size (as a ladder of past studies would have measured it)
+    predicts it, inside an interval that is the seed interval widened by the drift's spread."""
+    cells = centred_design(offset=-0.08, sigma=0.002, seeds=3)
+    line = ho.frontier_holdout(cells, list(FRONTIER_BUDGETS), 200)
+    assert not line["within_interval"] and line["error"] < -0.03 and line["drift"] is None
+    distance = math.log(FRONTIER_BUDGETS[-1] / FRONTIER_BUDGETS[-2])
+    assert line["distance"] == pytest.approx(distance)
+    drift = cal.Drift(rate=math.log(1 + line["error"]) / distance, sd=0.005, studies=12,
+                      budgets=(FRONTIER_BUDGETS[0], FRONTIER_BUDGETS[-1]))
+    moved = ho.frontier_holdout(cells, list(FRONTIER_BUDGETS), 200, drift)
+    assert moved["within_interval"] and abs(moved["error"]) < 1e-9
+    assert moved["line"] == pytest.approx(line["predicted"]) and moved["lobo_interval"] == pytest.approx(line["interval"])
+    assert moved["drift"]["shift"] == pytest.approx(drift.rate * distance)
+    assert moved["predicted"] == pytest.approx(line["predicted"] * math.exp(drift.rate * distance))
 
 
 def test_a_budget_whose_sizes_do_not_bracket_its_optimum_is_no_frontier_point():
