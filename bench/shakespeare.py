@@ -5,6 +5,7 @@ ratio compares runs made under the same load.
 
     python -m bench.shakespeare --data ../shared/data/tinyshakespeare.txt [--steps 2000]
     python -m bench.shakespeare --data ... --nanogpt path/to/nanoGPT --rounds 4
+    python -m bench.shakespeare --data ... --nanogpt path/to/nanoGPT --rounds 6 --time-to-loss
 
 The gpt2 preset at 4 layers, 4 heads, d 128, context 64, batch 12, no biases in its linear
 layers (as nanoGPT), byte tokens (one per
@@ -19,7 +20,15 @@ loop's is scored (its own 20-batch estimate is kept beside it).
 Where the CPU multiplies bf16 in hardware (AVX-512 BF16, AMX; or ``--bf16``), each round also
 runs llmlab with ``precision=bf16``, the same recipe with its matmuls in bf16, and the plain loop
 under the same autocast (nanoGPT's train.py autocasts on CUDA only).
+Time to nanoGPT's loss: given a nanoGPT checkout, each round also runs llmlab's fast recipe
+(``FAST``: the default model and optimiser, Muon, at nanoGPT's shape, warm-up-stable-decay with
+a cooldown over the last 40%, ``FAST_STEPS`` steps), scored the same way, and times both commands' wall clocks as a user meets them (start-up
+and evaluation included; the data prepared beforehand for both). ``time_to_loss_ratio`` is the
+median over the rounds of the recipe's time over nanoGPT's, where the recipe's validation loss is
+at or below nanoGPT's at its last step. ``--time-to-loss`` runs only those two, alternating, and
+keeps the rest of bench/results/shakespeare.json as it was.
 Targets:
+  - the recipe reaches nanoGPT's loss at step 2000 in <= 0.4x its time;
   - llmlab's tokens/s >= the plain loop's, and >= 1.1x nanoGPT's (median of the rounds' ratios);
   - val loss <= nanoGPT's at step 2000;
   - a modern preset (llama: RoPE, RMSNorm, SwiGLU; tied, for the same parameter count) lower still;
@@ -53,6 +62,10 @@ SHAPE = [f"model.d_model={WIDTH}", f"model.n_layers={LAYERS}", f"model.n_heads={
 # not to 320 (64, for GPUs' matrix units): the head is 4% of this model's FLOPs
 MODEL = ["model.bias=false", "model.vocab_multiple=16"]
 VOCAB_MULTIPLE = 16
+# the fast recipe (docs/benchmarks.md): llmlab's default model (qk-norm GQA, SwiGLU, RoPE) and optimiser
+# (Muon) at nanoGPT's shape and tokens, warm-up-stable-decay with a long cooldown, 300 steps
+FAST = [*SHAPE, "model.vocab_multiple=16", "optim=muon", "sched=wsd", "sched.warmup=20", "sched.decay_fraction=0.4"]
+FAST_STEPS = 300
 RECIPE = ["tokenizer=byte", "optim=adamw", "optim.lr=1e-3", "optim.beta2=0.99", "sched=cosine", "sched.warmup=100", "sched.min_lr_ratio=0.1",
           "train.log_every=10", "train.eval_every=0", "train.eval_windows=0", "train.ckpt_every=0",
           "train.prompts=[]", "logger=none"]
@@ -178,30 +191,38 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of llmlab, the plain loop (and nanoGPT)")
     ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout (github.com/karpathy/nanoGPT): time its train.py too")
     ap.add_argument("--mfu-steps", type=int, default=60)
+    ap.add_argument("--time-to-loss", action="store_true",
+                    help="only nanoGPT and llmlab's fast recipe, alternating (needs --nanogpt); the rest of the results file is kept")
+    ap.add_argument("--fast-steps", type=int, default=FAST_STEPS, help="the fast recipe's train.steps")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="also time llmlab with precision=bf16 (default: where the CPU has AVX-512 BF16 or AMX)")
     args = ap.parse_args()
     data = Path(args.data).resolve()
     if not data.is_file():
         sys.exit(f"bench.shakespeare: {data} not found; pass --data <tinyshakespeare.txt>")
+    if args.time_to_loss and not args.nanogpt:
+        sys.exit("bench.shakespeare: --time-to-loss times llmlab's recipe against nanoGPT: give --nanogpt <checkout>")
     data_args = ["data=text", f"data.paths=[{data}]", "data.val_fraction=0.1"]
     base = [*data_args, *RECIPE, f"train.steps={args.steps}"]
+    fast = [*data_args, *FAST, *(o for o in RECIPE if not o.startswith(("optim", "sched"))), f"train.steps={args.fast_steps}"]
     result: dict = {"data": str(data), "steps": args.steps, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="llmlab-bench-shakespeare-") as tmp_name:
         tmp = Path(tmp_name)
         env = child_env(LLMLAB_CACHE=str(tmp / "cache"))
         nano = nanogpt_setup(args.nanogpt.resolve(), data, tmp / "nanogpt") if args.nanogpt else None
         prepared = prepared_tokens(env["LLMLAB_CACHE"], base)  # into the cache llmlab's runs read
-        runners = {"gpt2": lambda r: llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base]),
-                   "plain": lambda r: plain_train(prepared, args.steps)}
+        runners = {} if args.time_to_loss else {
+            "gpt2": lambda r: llmlab_train(tmp, env, f"gpt2-{r}", ["model=gpt2", *SHAPE, *MODEL, *base]),
+            "plain": lambda r: plain_train(prepared, args.steps)}
         bf16 = args.bf16 if args.bf16 is not None else native_bf16()
         result["bf16"] = bf16
-        if bf16:  # the same recipe with the matmuls in bf16 (the attention core stays fp32 on CPUs)
+        if bf16 and not args.time_to_loss:  # the same recipe with the matmuls in bf16 (the attention core stays fp32 on CPUs)
             runners["gpt2_bf16"] = lambda r: llmlab_train(tmp, env, f"gpt2-bf16-{r}",
                                                           ["model=gpt2", *SHAPE, *MODEL, *base, "precision=bf16"])
             runners["plain_bf16"] = lambda r: plain_train(prepared, args.steps, "bf16")  # its yardstick, likewise
         if nano is not None:
             runners["nanogpt"] = lambda r: nanogpt_train(nano, args.steps)
+            runners["fast"] = lambda r: llmlab_train(tmp, env, f"fast-{r}", fast)
         names = list(runners)
         rounds = []
         for r in range(args.rounds):
@@ -214,9 +235,21 @@ def main() -> None:
                     this[f"{tag}_vs_plain"] = this[run]["tokens_per_s"] / this[plain]["tokens_per_s"]
                     if nano is not None:
                         this[f"{tag}_vs_nanogpt"] = this[run]["tokens_per_s"] / this["nanogpt"]["tokens_per_s"]
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v['tokens_per_s']:,.0f} tok/s" for k, v in this.items()
-                                                  if isinstance(v, dict)))
+            if nano is not None:
+                this["time_to_loss"] = time_to_loss(this["fast"], this["nanogpt"])
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v['tokens_per_s']:,.0f} tok/s, {v['wall_s']:.1f} s, val {v['val_loss']:.4f}"
+                                                  for k, v in this.items() if isinstance(v, dict) and "tokens_per_s" in v))
             rounds.append(this)
+        if nano is not None:
+            result["time_to_loss"] = time_to_loss_summary(rounds, fast, args.steps)
+            result["time_to_loss_ratio"] = result["time_to_loss"]["ratio"]
+            t = result["time_to_loss"]
+            print(f"time to nanoGPT's loss at step {args.steps}: llmlab's fast recipe at {t['ratio']:.2f}x nanoGPT's time "
+                  f"(rounds {t['ratios']}), val loss {t['llmlab_val_loss']:.4f} against {t['nanogpt_val_loss']:.4f}"
+                  + ("" if t["reached_every_round"] else "; NOT reached in every round"))
+        if args.time_to_loss:
+            keep_rest("shakespeare", result)
+            return
         result["rounds_detail"] = rounds
         for key in ("gpt2", "gpt2_bf16", "plain", "plain_bf16", "nanogpt"):
             if key in rounds[0]:
@@ -250,6 +283,40 @@ def main() -> None:
           f"llama {m['val_loss']:.4f} ({m['params']:,} params)")
     print(f"CPU MFU at d_model 512: {result['mfu_d512']['mfu']:.1%} ({result['mfu_d512']['tokens_per_s']:,.0f} tok/s)")
     write_result("shakespeare", result)
+
+
+def time_to_loss(fast: dict, nano: dict) -> dict:
+    """One round: the recipe's wall time over nanoGPT's, and whether it reached nanoGPT's loss."""
+    return {"ratio": fast["wall_s"] / nano["wall_s"], "reached": fast["val_loss"] <= nano["val_loss"],
+            "llmlab_wall_s": fast["wall_s"], "llmlab_val_loss": fast["val_loss"],
+            "nanogpt_wall_s": nano["wall_s"], "nanogpt_val_loss": nano["val_loss"]}
+
+
+def time_to_loss_summary(rounds: list[dict], fast: list[str], steps: int) -> dict:
+    """The rounds' time-to-loss figures: the median ratio, each round's, and the losses."""
+    per = [r["time_to_loss"] for r in rounds]
+    return {"target": f"nanoGPT's validation loss at its step {steps} (its final weights, the whole val split)",
+            "command": "llmlab train " + " ".join(fast), "nanogpt_command": rounds[-1]["nanogpt"]["command"],
+            "ratio": statistics.median(p["ratio"] for p in per), "ratios": [round(p["ratio"], 3) for p in per],
+            "reached_every_round": all(p["reached"] for p in per),
+            "llmlab_val_loss": per[-1]["llmlab_val_loss"], "nanogpt_val_loss": per[-1]["nanogpt_val_loss"],
+            "llmlab_wall_s": [p["llmlab_wall_s"] for p in per], "nanogpt_wall_s": [p["nanogpt_wall_s"] for p in per],
+            "llmlab_tokens_per_s": [round(r["fast"]["tokens_per_s"]) for r in rounds],
+            "nanogpt_tokens_per_s": [round(r["nanogpt"]["tokens_per_s"]) for r in rounds], "rounds": per}
+
+
+def keep_rest(name: str, result: dict) -> None:
+    """Write ``result``'s time-to-loss figures into bench/results/NAME.json, keeping what the
+    last full run wrote there; they carry their own date and machine."""
+    from bench.common import RESULTS, machine
+    from llmlab.files import atomic_write_text
+
+    path = RESULTS / f"{name}.json"
+    old = json.loads(path.read_text()) if path.is_file() else {"benchmark": name}
+    old["time_to_loss"] = {**result["time_to_loss"], "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine()}
+    old["time_to_loss_ratio"] = result["time_to_loss_ratio"]
+    atomic_write_text(path, json.dumps(old, indent=2) + "\n")
+    print(f"wrote {path} (time_to_loss, time_to_loss_ratio; the rest as it was)")
 
 
 def prepared_tokens(cache: str, overrides: list[str]):
