@@ -67,10 +67,21 @@ def omegaconf_error(e: Exception, prefix: str = "") -> ConfigError:
         if word == "a list" and isinstance(e.value, str) and e.value.startswith("[") and e.value.endswith("]"):
             # Hydra's grammar takes [a=b] as text: an element with '=' (a sweep job's directory) needs quotes
             hint = f"; quote an element that holds '=': {key}=['a=b',c]"
+        choices = _choices(owner, getattr(e, "key", None))
+        if choices:  # a choice given null (or another type): the allowed values, as an unknown value gets
+            hint = f"; allowed: {', '.join('null' if c is None else str(c) for c in choices)}"
         return ConfigError(f"{key}: expected {word}, got {'null' if e.value is None else repr(e.value)}{hint}")
     if "does not support deletion" in str(e):  # ~key on a field of a schema
         return deletion_error(key)
     return ConfigError(f"{key}: {str(e).strip().splitlines()[0]}")
+
+
+def _choices(owner, key) -> tuple | None:
+    """The values a `choice` field of dataclass ``owner`` allows, or None."""
+    if not dataclasses.is_dataclass(owner) or not isinstance(key, str):
+        return None
+    field = next((f for f in dataclasses.fields(owner) if f.name == key), None)
+    return field.metadata.get("choices") if field is not None else None
 
 
 def deletion_error(key: str) -> ConfigError:

@@ -433,8 +433,9 @@ def test_the_reports_frontier_is_moved_by_the_labs_drift_unless_told_none(tmp_pa
         assert h["frontier"]["drift"] is None and h["frontier"]["predicted"] == h["frontier"]["line"]
         assert h["frontier"]["interval"] == h["frontier"]["lobo_interval"]
     assert "then moved by this lab's drift" not in (tmp_path / "out" / "report.md").read_text()
-    r = check_cli("report", str(tmp_path / "sweep"), "scaling.drift=mine", cwd=tmp_path)
-    assert r.returncode == 2 and "scaling.drift" in r.stderr and "lab, none" in r.stderr, r.stderr
+    for bad in ("mine", "null"):  # an unknown value, and null where a choice takes none: both name the two
+        r = check_cli("report", str(tmp_path / "sweep"), f"scaling.drift={bad}", cwd=tmp_path)
+        assert r.returncode == 2 and "scaling.drift" in r.stderr and "allowed: lab, none" in r.stderr, r.stderr
 
 
 def test_the_fit_without_the_largest_budget_predicts_its_best_loss(full_report):
