@@ -211,9 +211,8 @@ def main() -> None:
             row["frontier"] = f
             continue
         drift = ladder(rows, leave_out=family(row["study"]))
-        predicted, interval = cal.drifted(f["predicted"], f["seed_interval"], drift, f["distance"])
-        row["frontier"] = {**f, "predicted": predicted, "interval": interval, "line": f["predicted"],
-                           "seed_interval": [x * predicted / f["predicted"] for x in f["seed_interval"]],
+        predicted, interval, seed = cal.drifted(f["predicted"], f["seed_interval"], drift, f["distance"])
+        row["frontier"] = {**f, "predicted": predicted, "interval": interval, "line": f["predicted"], "seed_interval": seed,
                            "error": f["observed"] / predicted - 1,
                            "within_interval": interval[0] <= f["observed"] <= interval[1],
                            "drift": {**drift.as_dict(), "left_out": family(row["study"])}}

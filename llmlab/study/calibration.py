@@ -156,20 +156,20 @@ def drift_of(cases: Sequence[tuple[float, float]], budgets: tuple[float, float])
 LAB_DRIFT = Drift(rate=-0.015247, sd=0.017121, studies=26, budgets=(2.5e10, 5e12))
 
 
-def drifted(line: float, seed_interval: tuple[float, float] | None, drift: Drift,
-            distance: float) -> tuple[float, tuple[float, float] | None]:
+def drifted(line: float, seed_interval: tuple[float, float] | None, drift: Drift, distance: float
+            ) -> tuple[float, tuple[float, float] | None, tuple[float, float] | None]:
     """The fitted line's prediction moved by ``drift`` at ``distance`` (ln C past the largest
-    fitted budget), and its seed interval moved with it and widened on each side by the drift's
-    95% half-width, in logs and in quadrature."""
+    fitted budget); its 95% interval: the seed interval moved with it and widened on each side
+    by the drift's 95% half-width, in logs and in quadrature; and the seed interval moved."""
     shift = math.exp(drift.shift(distance))
     predicted = line * shift
     if seed_interval is None:
-        return predicted, None
+        return predicted, None, None
     lo, hi = seed_interval[0] * shift, seed_interval[1] * shift
     m = drift.half_width(distance)
     below = math.hypot(math.log(predicted / lo), m) if lo > 0 else float("inf")
     above = math.hypot(math.log(hi / predicted), m)
-    return predicted, (predicted * math.exp(-below), predicted * math.exp(above))
+    return predicted, (predicted * math.exp(-below), predicted * math.exp(above)), (lo, hi)
 
 
 def log_sd(predicted: float, interval: tuple[float, float]) -> float:

@@ -100,9 +100,8 @@ def frontier_holdout(cells: list[su.Cell], budgets: list[float], reps: int,
     distance = math.log(top / fitted[-1])
     ci, moved = lobo_ci, None
     if drift is not None:
-        predicted, ci = cal.drifted(line, seed_ci, drift, distance)
+        predicted, ci, seed_ci = cal.drifted(line, seed_ci, drift, distance)
         moved = {**drift.as_dict(), "distance": distance, "shift": drift.shift(distance)}
-        seed_ci = seed_ci and (seed_ci[0] * predicted / line, seed_ci[1] * predicted / line)
     return {"predicted": predicted, "interval": ci, "seed_interval": seed_ci, "misspecification": law,
             "lobo": lobo, "lobo_rms": cal.misspecification(lobo), "reach": cal.reach(fitted, top),
             "line": line, "lobo_interval": lobo_ci, "drift": moved, "distance": distance,

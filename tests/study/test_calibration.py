@@ -100,15 +100,16 @@ def test_a_drift_is_the_mean_and_spread_of_the_errors_per_unit_extrapolated():
 
 def test_a_drift_moves_the_line_and_widens_its_seed_interval_in_quadrature():
     drift = cal.Drift(rate=-0.02, sd=0.01, studies=11, budgets=(1e10, 1e12))
-    predicted, (lo, hi) = cal.drifted(3.0, (2.9, 3.1), drift, 1.5)
+    predicted, (lo, hi), seed = cal.drifted(3.0, (2.9, 3.1), drift, 1.5)
+    assert seed == pytest.approx((2.9 * math.exp(-0.03), 3.1 * math.exp(-0.03)))
     assert predicted == pytest.approx(3.0 * math.exp(-0.03))
     m = drift.half_width(1.5)
     assert math.log(predicted / lo) == pytest.approx(math.hypot(math.log(3.0 / 2.9), m))
     assert math.log(hi / predicted) == pytest.approx(math.hypot(math.log(3.1 / 3.0), m))
     # no distance extrapolated, nothing moved or widened
-    same, interval = cal.drifted(3.0, (2.9, 3.1), drift, 0.0)
+    same, interval, _ = cal.drifted(3.0, (2.9, 3.1), drift, 0.0)
     assert same == pytest.approx(3.0) and interval == pytest.approx((2.9, 3.1))
-    assert cal.drifted(3.0, None, drift, 1.5) == (pytest.approx(predicted), None)
+    assert cal.drifted(3.0, None, drift, 1.5) == (pytest.approx(predicted), None, None)
 
 
 def test_the_labs_drift_is_the_one_its_committed_studies_measure():
