@@ -312,7 +312,14 @@ def keep_rest(name: str, result: dict) -> None:
     from llmlab.files import atomic_write_text
 
     path = RESULTS / f"{name}.json"
-    old = json.loads(path.read_text()) if path.is_file() else {"benchmark": name}
+    try:
+        old = json.loads(path.read_text()) if path.is_file() else {"benchmark": name}
+    except (OSError, ValueError) as e:
+        old = None
+        why = f"{type(e).__name__}: {e}"
+    if not isinstance(old, dict):  # hand-edited or cut short: said, and nothing written over it
+        sys.exit(f"bench.shakespeare: {path} is not a results object ({why if old is None else type(old).__name__}); "
+                 "move it aside to keep it, or run without --time-to-loss to write it anew")
     old["time_to_loss"] = {**result["time_to_loss"], "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine()}
     old["time_to_loss_ratio"] = result["time_to_loss_ratio"]
     atomic_write_text(path, json.dumps(old, indent=2) + "\n")
