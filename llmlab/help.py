@@ -12,8 +12,6 @@ def command_help(command: str) -> str:
     (a registered part's docstring, a preset's first comment), and its own settings with their
     defaults and comments. Hydra's help lists every group, which the other commands reject."""
     import yaml
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
     from llmlab.registry import Registry, defaults_text
 
@@ -30,23 +28,44 @@ def command_help(command: str) -> str:
         out += [*about, ""]
     if groups:
         out += ["== Config groups (group=option) =="]
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            loader = GlobalHydra.instance().config_loader()
-            for group in groups:
-                for sub in [group] + sorted(f"{group}/{g}" for g in loader.list_groups(group)):
-                    options = sorted(loader.get_group_options(sub))
-                    out.append(f"{sub}: {', '.join(options)}")
-                    for o in options:
-                        registry = Registry.by_group.get(sub)
-                        out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
-                        settings = defaults_text(registry.config_of(o), registry.kind_key) if registry and o in registry else ""
-                        if settings:
-                            out.append(f"  {'':<14}   {settings}")
+        for group in groups:
+            for sub in [group] + sorted(f"{group}/{g}" for g in group_listing(group)[1]):
+                options = group_listing(sub)[0]
+                out.append(f"{sub}: {', '.join(options)}")
+                for o in options:
+                    registry = Registry.by_group.get(sub)
+                    out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
+                    settings = defaults_text(registry.config_of(o), registry.kind_key) if registry and o in registry else ""
+                    if settings:
+                        out.append(f"  {'':<14}   {settings}")
         out.append("")
     declared = importlib.import_module(f"llmlab.commands.{command}").COMMAND
     out += ["== Settings (key=value) ==", *declared.settings_help(), ""]
     out.append(help_cfg.get("footer", "").rstrip("\n"))
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def group_listing(group: str) -> tuple[list[str], list[str]]:
+    """A config group's options and subgroups, from where llmlab's configs are: the YAML files
+    under conf/ and Hydra's ConfigStore (its public ``list``). Hydra's config loader answers
+    the same, but copies its whole config repository for each question (about 25 ms each,
+    some 30 questions for ``llmlab train --help``)."""
+    from llmlab.registry import config_store
+
+    options, subgroups = set(), set()
+    folder = conf_dir() / group
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.is_dir():
+            subgroups.add(path.name)
+        elif path.suffix == ".yaml":
+            options.add(path.stem)
+    try:
+        stored = config_store().list(group)
+    except OSError:  # no option of this group is stored
+        stored = []
+    for name in stored:
+        (options.add(name[:-5]) if name.endswith(".yaml") else subgroups.add(name))
+    return sorted(options), sorted(subgroups)
 
 
 def _option_line(group: str, option: str, registry) -> str:
@@ -75,32 +94,27 @@ def parts_table() -> str:
     registries and conf/ (so no list of kinds is kept by hand): ``python -m llmlab.help``."""
     import dataclasses
 
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     from llmlab.registry import Registry
 
     importlib.import_module("llmlab.commands.train")  # its groups' registries (what `llmlab.cli.register_parts` does)
     Registry.load_all()
     rows = ["| group | options | settings |", "| --- | --- | --- |"]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        loader = GlobalHydra.instance().config_loader()
-        for group in PARTS_GROUPS:
-            options = sorted(loader.get_group_options(group))
-            registry = Registry.by_group.get(group)
-            if registry is None:  # the model presets: sizes under model.*
-                from llmlab.model.config import ModelConfig
-                settings = [f"`model.{f.name}`" for f in dataclasses.fields(ModelConfig)]
-            else:
-                prefix = (registry.package or group).removeprefix("_global_.")
-                kinds: dict[str, list[str]] = {}
-                for name in registry.names():
-                    for f in dataclasses.fields(registry.config_of(name)):
-                        if f.name != registry.kind_key:
-                            kinds.setdefault(f.name, []).append(name)
-                settings = [f"`{prefix}.{key}`" + ("" if len(names) == len(registry.names()) else f" ({', '.join(names)})")
-                            for key, names in kinds.items()]
-            rows.append(f"| `{group}` | {', '.join(f'`{o}`' for o in options)} | {', '.join(settings)} |")
+    for group in PARTS_GROUPS:
+        options = group_listing(group)[0]
+        registry = Registry.by_group.get(group)
+        if registry is None:  # the model presets: sizes under model.*
+            from llmlab.model.config import ModelConfig
+            settings = [f"`model.{f.name}`" for f in dataclasses.fields(ModelConfig)]
+        else:
+            prefix = (registry.package or group).removeprefix("_global_.")
+            kinds: dict[str, list[str]] = {}
+            for name in registry.names():
+                for f in dataclasses.fields(registry.config_of(name)):
+                    if f.name != registry.kind_key:
+                        kinds.setdefault(f.name, []).append(name)
+            settings = [f"`{prefix}.{key}`" + ("" if len(names) == len(registry.names()) else f" ({', '.join(names)})")
+                        for key, names in kinds.items()]
+        rows.append(f"| `{group}` | {', '.join(f'`{o}`' for o in options)} | {', '.join(settings)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -311,22 +311,10 @@ def settings_lines(cls: type, indent: int = 0) -> list[str]:
     return out
 
 
-def _the_store_itself(store, memo):
-    return store
-
-
 def config_store():
-    """Hydra's ConfigStore, the process's one instance, made to be shared by a deep copy.
-
-    Every compose deep-copies Hydra's config repository (so that setting up its search path
-    changes no other compose), and the repository's structured source holds the store, so each
-    compose used to copy every schema and option llmlab stores: about a fifth of a compose
-    (0.36 -> 0.29 s for ``llmlab train --cfg job``). Nothing is lost by sharing it: the store
-    is a singleton, and its ``load`` hands each compose a copy of the node it asks for."""
+    """Hydra's ConfigStore, the process's one instance, where the schemas and options go."""
     from hydra.core.config_store import ConfigStore
 
-    if ConfigStore.__dict__.get("__deepcopy__") is not _the_store_itself:
-        ConfigStore.__deepcopy__ = _the_store_itself
     return ConfigStore.instance()
 
 

@@ -66,6 +66,35 @@ def test_a_command_ends_as_a_normal_exit_would_without_finalizing(tmp_path, entr
         assert r.stderr == "llmlab: error: train.steps: expected an integer, got 'x'\n"
 
 
+# An executor never shut down (as joblib's, under hydra/launcher=joblib): its thread ends only
+# when the interpreter's own exit tells it to
+POOL_PROBE = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import llmlab.cli
+llmlab.cli.EXIT_WAIT_S = 0.5
+pool = ThreadPoolExecutor(1)
+pool.submit(print, "job ran").result()
+sys.argv = ["llmlab", *sys.argv[1:]]
+llmlab.cli.run()
+"""
+
+
+@pytest.mark.parametrize("args, status", [(["--version"], 0), (["train", "train.steps=x"], 2)])
+def test_a_thread_that_ends_only_at_the_interpreters_exit_does_not_hold_the_command(tmp_path, args, status):
+    """`run` waits a moment for the other threads; one still running then is left to the
+    interpreter's ordinary exit, which ends it, instead of being waited for forever."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    r = subprocess.run([sys.executable, "-c", POOL_PROBE, *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert r.returncode == status, r.stderr
+    assert r.stdout.startswith("job ran\n") and (status or "llmlab " in r.stdout)
+
+
 def test_unknown_command_prints_usage_and_exits_2(tmp_path):
     r = run_cli("trian", process=True, cwd=tmp_path)
     assert r.returncode == 2
@@ -222,7 +251,7 @@ def test_torchruns_variables_left_in_a_shell_are_one_line(tmp_path, env, fragmen
 def test_empty_torchrun_variables_mean_one_process(monkeypatch):
     """WORLD_SIZE= (set, empty) is a plain run, as unset is: each place that reads torchrun's
     variables (int('') was a traceback there)."""
-    from llmlab.cli import check_launch_env
+    from llmlab.mistakes import check_launch_env
     from llmlab.overrides import keep_worker_ranks_out_of_outputs
     from llmlab.train.distributed import world_from_env
     from llmlab.train.sweep import is_rank_zero
@@ -690,9 +719,10 @@ def test_the_same_sweep_again_skips_finished_runs_and_resumes_the_rest(trained):
     assert list((root / "outputs" / "train-sweep").iterdir()) == [sweep]
 
 
-def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
-    """The check before Hydra's app resolves the composed config into the job, and the app
-    runs that job: the model sections are parsed once (once more per checkpoint loaded)."""
+def test_a_run_resolves_its_config_in_the_check_and_in_its_app_only(tmp_path, monkeypatch):
+    """Hydra composes a run's config once; `CheckJobs` resolves it into the job before the
+    directory exists, and the app resolves it again (nothing is handed over between them): the
+    model sections are parsed twice, not once more per part built."""
     from llmlab.model.config import ModelSpec
 
     calls = []
@@ -703,94 +733,42 @@ def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
     check_cli("train", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=2", "train.eval_every=0",
               "hydra.run.dir=run", cwd=tmp_path)
     assert (tmp_path / "run" / "summary.json").is_file()
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
-def test_a_single_run_composes_its_config_once_and_hydra_writes_the_same_files(tmp_path, monkeypatch):
-    """Hydra's run takes the composition the check before it made (`reuse_composition`): one
-    composition per command, and the run directory's .hydra/ files (the config, Hydra's own
-    settings, the overrides) are what Hydra's own composition writes."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    import llmlab.cli
-
-    loads = []
-    original = ConfigLoaderImpl.load_configuration
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
-                        lambda self, *a, **k: loads.append(k.get("overrides")) or original(self, *a, **k))
-    runs = {}
-    for reuse in (True, False):
-        if not reuse:  # Hydra composes for its run itself, as without the reuse
-            monkeypatch.setattr(llmlab.cli, "hydra_run_overrides", lambda args: None)
-        cwd = tmp_path / str(reuse)
-        cwd.mkdir()
-        (cwd / "c.txt").write_text("def f(x):\n    return x\n" * 200)
-        loads.clear()
-        r = run_cli("train", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=1", "train.eval_every=0",
-                    "hydra.run.dir=run", cwd=cwd)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert len(loads) == (1 if reuse else 2), loads
-        runs[reuse] = {f.name: f.read_text().replace(str(cwd), "CWD") for f in (cwd / "run" / ".hydra").iterdir()}
-    assert sorted(runs[True]) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
-    assert runs[True] == runs[False]
+def test_a_runs_hydra_files_are_hydras_own_and_its_config_is_what_cfg_job_shows(tmp_path):
+    """Hydra composes and writes a run's .hydra/ files itself: the job's config.yaml is the
+    config `--cfg job` prints for the same overrides, and overrides.yaml what was typed."""
+    (tmp_path / "c.txt").write_text("def f(x):\n    return x\n" * 200)
+    args = ["data=text", "data.paths=[c.txt]", *TINY, "train.steps=1", "train.eval_every=0"]
+    check_cli("train", *args, "hydra.run.dir=run", cwd=tmp_path)
+    shown = run_cli("train", *args, "--cfg", "job", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    hydra_dir = tmp_path / "run" / ".hydra"
+    assert sorted(f.name for f in hydra_dir.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert yaml.safe_load((hydra_dir / "config.yaml").read_text()) == yaml.safe_load(shown.stdout)
+    assert yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) == args
+    assert yaml.safe_load((hydra_dir / "hydra.yaml").read_text())["hydra"]["callbacks"]["check"]["command"] == "train"
 
 
-def test_a_sweep_composes_each_jobs_config_once_less_and_hydra_writes_the_same_files(tmp_path, monkeypatch):
-    """Hydra composes each job of a sweep to check the batch, then again to launch it; the
-    launch takes the check's composition (`reuse_composition`), and every job's .hydra/ files
-    and the sweep's multirun.yaml are what Hydra's own compositions write."""
-    import contextlib
-
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    import llmlab.cli
-
-    loads = []
-    original = ConfigLoaderImpl.load_configuration
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
-                        lambda self, *a, **k: loads.append(1) or original(self, *a, **k))
-    counts, files = {}, {}
-    for reuse in (True, False):
-        if not reuse:
-            monkeypatch.setattr(llmlab.cli, "reuse_composition", contextlib.nullcontext)
-        cwd = tmp_path / str(reuse)
-        cwd.mkdir()
-        (cwd / "c.txt").write_text("def f(x):\n    return x\n" * 200)
-        loads.clear()
-        r = run_cli("train", "-m", "data=text", "data.paths=[c.txt]", *TINY, "train.steps=1", "train.eval_every=0",
-                    "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep", "~hydra.callbacks.report", cwd=cwd)
-        assert r.returncode == 0, r.stderr[-2000:]
-        counts[reuse] = len(loads)
-        files[reuse] = {str(f.relative_to(cwd)): f.read_text().replace(str(cwd), "CWD")
-                        for f in sorted((cwd / "sweep").rglob("*.yaml"))}
-    assert counts[False] - counts[True] == 2, counts  # one composition less for each of the two jobs
-    assert len([name for name in files[True] if name.endswith("/.hydra/config.yaml")]) == 2
-    assert files[True] == files[False]
+def test_a_sweep_with_a_mistake_in_one_job_stops_before_any_directory(tmp_path):
+    """`CheckJobs` composes and resolves every combination of a sweep before Hydra's launcher
+    makes the sweep directory: a value that only one job gets is still one line, and nothing
+    is written."""
+    r = run_cli("train", "-m", *TINY, "train.steps=1,0", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    one_line_error(r, 2, "train.steps")
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["a=1", "hydra.run.dir=x"], ["a=1", "hydra.run.dir=x", "hydra.mode=RUN"]),
-    (["a=1,2"], None), (["-m", "a=1"], None), (["--cfg", "job"], None), (["hydra.mode=RUN"], None),
-    (["hydra/launcher=basic"], None), (["a=[1,2]"], ["a=[1,2]", "hydra.mode=RUN"])])
-def test_the_overrides_of_hydras_run_are_known_only_for_a_single_run(args, expected):
-    from llmlab.cli import hydra_run_overrides
-    assert hydra_run_overrides(args) == expected
+def test_llmlab_uses_hydra_by_its_public_api_only():
+    """No module imports Hydra's private package or replaces an attribute of a Hydra or
+    OmegaConf class: a Hydra release may change those at will."""
+    import re
 
+    from tests.conftest import REPO
 
-@pytest.mark.parametrize("args, skipped", [(["train.steps=1"], True), (["-m", "seed=0,1"], True),
-                                           (["hydra.mode=MULTIRUN"], False), (["+hydra.mode=RUN"], False),
-                                           (["hydra/launcher=basic"], False)])
-def test_hydra_takes_the_mode_from_the_flags_unless_the_command_line_sets_it(args, skipped):
-    """Hydra composes the whole config once just to read hydra.mode; llmlab skips that
-    composition (the mode is then -m's, as when the key is unset) unless the command line could
-    set the key, and puts Hydra back as it was after."""
-    from hydra._internal.hydra import Hydra
-
-    from llmlab.cli import mode_from_flags
-
-    original = Hydra.get_mode
-    with mode_from_flags(args):
-        assert (Hydra.get_mode is not original) == skipped
-        if skipped:
-            assert Hydra.get_mode(None, "train", args) is None
-    assert Hydra.get_mode is original
+    private = re.compile(r"hydra\._internal|^\s*(Hydra|ConfigLoaderImpl|ConfigStore|Sweeper|BasicSweeper|OmegaConf|"
+                         r"DictConfig)\.[A-Za-z_]+\s*=", re.M)
+    found = [f"{path.relative_to(REPO)}: {m.group(0).strip()}" for path in sorted((REPO / "llmlab").rglob("*.py"))
+             for m in private.finditer(path.read_text())]
+    assert found == []

@@ -23,6 +23,8 @@ LAYERS = [
     {"train"},
     {"commands"},
     {"help", "overrides", "hydra_files"},
+    {"mistakes"},  # every mistake of the command line in words
+    {"preflight"},  # the Hydra callback that checks every job before any directory
     {"cli"},
     {"__main__"},
 ]

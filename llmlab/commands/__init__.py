@@ -45,3 +45,9 @@ class Command:
 
     def settings_help(self) -> list[str]:
         return self.help_lines() if self.help_lines is not None else settings_lines(self.schema)
+
+
+def command_of(name: str) -> Command:
+    """The `Command` that module ``llmlab.commands.<name>`` declares."""
+    import importlib
+    return importlib.import_module(f"llmlab.commands.{name}").COMMAND

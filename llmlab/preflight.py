@@ -1,0 +1,118 @@
+"""Every job checked before any directory exists: `CheckJobs`, a Hydra callback listed first
+in every command's ``hydra.callbacks``.
+
+Hydra composes a command's config, then calls its callbacks' ``on_run_start`` (one job) or
+``on_multirun_start`` (a sweep), and only then makes a run or sweep directory. There the
+job's settings are resolved into the command's typed job (`llmlab.commands.Command.job`),
+which checks every section; a sweep composes and resolves each combination of its values
+(Hydra's compose API, inside the running app). A mistake ends the command there with one
+line naming the key and what is allowed (`llmlab.mistakes`); Hydra would turn an exception
+into a warning and go on, so the callback ends the command itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from llmlab.errors import fail
+
+
+class CheckJobs(Callback):
+    """``command``: the llmlab command whose config this is (its YAML names it)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def on_run_start(self, config: Any, config_name: str | None = None, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
+        overrides = OmegaConf.to_container(config.hydra.overrides.task)
+        _checked(self.command, config_name or self.command, [job_settings(config)], [overrides])
+
+    def on_multirun_start(self, config: Any, config_name: str | None = None, **kwargs: Any) -> None:
+        from hydra import compose
+        from hydra.errors import HydraException
+        from omegaconf import OmegaConf
+
+        from llmlab.errors import UserError
+        from llmlab.overrides import expand_sweeps
+
+        overrides = OmegaConf.to_container(config.hydra.overrides.task)
+        basic = config.hydra.runtime.choices.get("hydra/sweeper") == "basic"  # another has its own types
+        try:
+            combos = expand_sweeps(overrides, group_options, basic=basic)
+        except HydraException as e:
+            fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
+        except UserError as e:
+            fail(str(e), 2)
+        name = config_name or self.command
+        _checked(self.command, name, [lambda combo=combo: compose(config_name=name, overrides=combo)
+                                      for combo in combos], combos)
+
+
+def job_settings(config: Any) -> dict:
+    """The job's settings of a composed config, resolved, without Hydra's own: what the
+    command's app receives (Hydra hands it the config without ``hydra``)."""
+    from omegaconf import OmegaConf
+
+    keys = [k for k in config if k != "hydra"]
+    return OmegaConf.to_container(OmegaConf.masked_copy(config, keys), resolve=True)
+
+
+def _checked(command: str, config_name: str, configs: list, combos: list[list[str]]) -> None:
+    """Resolve each job: ``configs`` holds its settings, or a function that composes them."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from llmlab import mistakes
+    from llmlab.commands import command_of
+    from llmlab.errors import UserError
+
+    declared = command_of(command)
+
+    def compose_with(overrides: list[str]):
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+
+    for settings, combo in zip(configs, combos):
+        try:
+            try:
+                cfg = settings() if callable(settings) else settings
+            except HydraException as e:
+                if not mistakes.names_an_unloaded_kind(e):
+                    raise
+                cfg = settings()  # the combination names a kind written as one file: loaded now
+            if callable(settings):
+                cfg = job_settings(cfg)
+            line = mistakes.not_a_bool(combo, cfg)
+            if line is not None:
+                fail(line, 2)
+            job = declared.job(cfg)
+            if declared.check_overrides is not None:
+                declared.check_overrides(job, combo)
+        except UserError as e:
+            fail(str(e), 2)
+        except (HydraException, OmegaConfBaseException) as e:
+            fail(mistakes.group_value_error(combo, command) or mistakes.explain(e, combo, compose_with), 2)
+        except (ValueError, TypeError):  # Hydra on a group given a number, null or a list of them
+            line = mistakes.group_value_error(combo, command)
+            if line is None:
+                raise
+            fail(line, 2)
+
+
+def group_options(group: str) -> list[str]:
+    """A config group's options as Hydra lists them, with its kinds written as one file (whose
+    registry is loaded for this), inside an initialised Hydra; [] for a key that is no group."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llmlab.registry import Registry
+
+    registry = Registry.by_group.get(group)
+    try:
+        listed = GlobalHydra.instance().config_loader().get_group_options(group)
+    except Exception:  # not a group
+        listed = []
+    return sorted(set(listed) | set(registry.names() if registry is not None else []))
