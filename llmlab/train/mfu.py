@@ -201,3 +201,34 @@ def raise_device_peak(device: torch.device, precision: str, achieved: float) -> 
         return None
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     return raise_peak(device.type, dtype, achieved, n=4096 if device.type == "cuda" else 1024)
+
+
+class Peak:
+    """The reference peak a run's MFU is a share of: the whole job's (every rank's device), and
+    where it came from (`device_peak_flops`)."""
+
+    def __init__(self, device: torch.device, precision: str, dist) -> None:
+        self.device, self.precision, self.dist = device, precision, dist
+        peak, self.source = device_peak_flops(device, precision)
+        self.flops = peak * dist.world_size
+        self.warned = False
+
+    def exceeded(self, achieved: float) -> None:
+        """The run reaches more FLOP/s than the peak. A measured peak was taken too low (under
+        contention): measure again and raise it, so MFU stays at or under 100%. A data sheet's
+        peak is not raised: then the FLOPs count is wrong, and one warning says so."""
+        from llmlab import console
+        from llmlab.data.prepare import cache_root
+
+        world = self.dist.world_size
+        raised = raise_device_peak(self.device, self.precision, achieved / world)
+        if raised is not None:
+            old, self.flops = self.flops, raised * world
+            self.source = "re-measured" if raised * world > achieved else "raised to what this run reached"
+            console.err.print(f"MFU: the reference peak ({old / 1e9:,.1f} GFLOP/s) was below what this run reaches "
+                              f"({achieved / 1e9:,.1f}); it was measured under load. Now {self.flops / 1e9:,.1f} "
+                              f"GFLOP/s ({self.source}), kept in {cache_root() / 'peak.json'}", style="yellow")
+        elif not self.warned and self.dist.is_main:
+            self.warned = True
+            console.err.print(f"MFU is above 100%: this run reaches more than the reference peak "
+                              f"({self.flops / 1e9:,.0f} GFLOP/s, {self.source})", style="yellow")

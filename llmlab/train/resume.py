@@ -1,5 +1,6 @@
 """A run's checkpoints from the trainer's side: which one to resume, restoring everything
-that decides the next step, and saving (every rank takes part; rank 0 writes)."""
+that decides the next step, and saving (every rank takes part; rank 0 writes). Both iterate
+over the run's stateful parts (`llmlab.train.parts.Parts`), each in its slot."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from llmlab.train.distributed import (barrier, broadcast, full_model_state, full
                                       load_optimizer_state)
 from llmlab.train.ema import EMA_FILE
 from llmlab.train.recovery import STEP_IN_NAME
-from llmlab.train.state import Progress, RankRandom
+from llmlab.train.parts import Parts, Slot
 
 
 def resume_checkpoint(loop, run_dir: Path, rid: str, main: bool = True) -> Checkpoint | None:
@@ -106,21 +107,31 @@ def check_same_tokenizer(tokenizer_path: Path, ckpt: Checkpoint) -> None:
                           "settings, or start fresh with train.resume=null")
 
 
-@dataclass
-class Resumable:
-    """The parts whose state decides the next step. Each saves and loads its own; this maps
-    them to a checkpoint's files: ``state.json`` (progress, the window stream, the log
-    window) and ``trainer.pt`` (optimizer, loss scaler, every rank's random streams)."""
+class _WholeOptimizer:
+    """The optimizer as a checkpoint holds it: its whole state (under FSDP gathered from every
+    rank's shards, so every rank takes part in a save), loaded back into this run's sharding."""
 
-    model: nn.Module
-    optimizer: Any
-    scaler: Any
-    sampler: Any  # the training windows' stream (`RandomWindows`)
-    random: RankRandom
-    distiller: Any  # a `Distiller`, or None
-    progress: Progress
-    window: Any  # the log window (`LogWindow`)
-    ema: Any = None  # the weights' moving average (`WeightAverage`), or None
+    def __init__(self, model: nn.Module, optimizer: Any, dist) -> None:
+        self.model, self.optimizer, self.dist = model, optimizer, dist
+
+    def state_dict(self) -> Any:
+        return full_optimizer_state(self.model, self.optimizer, self.dist)
+
+    def load_state_dict(self, state: Any) -> None:
+        load_optimizer_state(self.model, self.optimizer, state)
+
+
+def _checkpointed(parts: Parts, dist) -> list[tuple[str, Any, Slot]]:
+    """The parts a checkpoint holds, each as it saves and loads itself: the optimizer whole,
+    the loss scaler only when it scales (fp16)."""
+    out = []
+    for name, part, where in parts.stateful():
+        if name == "optimizer":
+            part = _WholeOptimizer(parts.model, part, dist)
+        elif name == "scaler" and not part.is_enabled():
+            continue
+        out.append((name, part, where))
+    return out
 
 
 @dataclass
@@ -151,10 +162,10 @@ def _load(load: Callable[[Any], Any], state, what: str, ckpt: Checkpoint) -> Non
                         "checkpoint, or start over with train.resume=null") from None
 
 
-def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> None:
-    """Everything that decides the next step, from ``ckpt``; ``weights_only_ok``: a checkpoint
-    without trainer.pt continues from its weights with a fresh optimizer and random state."""
-    rank = dist.rank
+def restore(parts: Parts, ckpt: Checkpoint, dist, weights_only_ok: bool) -> None:
+    """Everything that decides the next step, from ``ckpt``: each stateful part from its slot
+    (`llmlab.train.parts.Slot`); ``weights_only_ok``: a checkpoint without trainer.pt continues
+    from its weights with a fresh optimizer and random state."""
     state = ckpt.trainer_state()
     if state is None:
         if not weights_only_ok:
@@ -167,35 +178,16 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
     if not isinstance(state, dict):
         raise UserError(f"train.resume: {ckpt.path} holds a damaged trainer.pt: a {type(state).__name__}, not the "
                         "trainer's parts by name; resume from another checkpoint, or start over with train.resume=null")
-    if "optimizer" in state:
-        _load(lambda s: load_optimizer_state(parts.model, parts.optimizer, s), state["optimizer"],
-              "optimizer state (trainer.pt)", ckpt)
-    if "scaler" in state and parts.scaler.is_enabled():
-        _load(parts.scaler.load_state_dict, state["scaler"], "loss scaler state (trainer.pt)", ckpt)
-    torch_rng, mask_rng = state.get("torch_rng_by_rank"), state.get("mask_rng_by_rank")
-
-    def load_random(_) -> None:
-        if not isinstance(torch_rng, list) or not isinstance(mask_rng, (list, type(None))):
-            raise ValueError("its random states by rank are not lists")
-        if rank < len(torch_rng):  # a rank with no saved state of its own (more ranks than before) keeps its seed
-            masks = mask_rng or [None] * len(torch_rng)
-            parts.random.load_state_dict({"torch": torch_rng[rank], "mask": masks[rank]})
-
-    if torch_rng is not None:
-        _load(load_random, None, "random state (trainer.pt)", ckpt)
-    distill_rng = state.get("distill_rng_by_rank")
-
-    def load_distill(_) -> None:
-        if not isinstance(distill_rng, list):
-            raise ValueError("its distillation states by rank are not a list")
-        if rank < len(distill_rng):
-            parts.distiller.load_state_dict(distill_rng[rank])
-
-    if parts.distiller is not None and distill_rng is not None:
-        _load(load_distill, None, "distillation state (trainer.pt)", ckpt)
-    _load(parts.sampler.load_state_dict, ckpt.state.get("data_rng"), "data position (state.json data_rng)", ckpt)
-    _load(parts.progress.load_state_dict, ckpt.state, "step count (state.json)", ckpt)
-    _load(parts.window.load_state_dict, ckpt.state.get("log_window") or {}, "log window (state.json log_window)", ckpt)
+    for name, part, where in _checkpointed(parts, dist):
+        if where.file == "trainer":
+            if where.key in state:
+                _load(part.load_state_dict, state[where.key], where.where(), ckpt)
+        elif where.file == "ranks":
+            _load_rank(part, where, state, dist.rank, ckpt)
+        else:
+            saved = ckpt.state if not where.key else ckpt.state.get(where.key)
+            _load(part.load_state_dict, saved if where.default is None else (saved or where.default), where.where(),
+                  ckpt)
     if parts.ema is not None:
         average = ckpt.ema_weights()
         if average is None and not weights_only_ok:
@@ -208,32 +200,61 @@ def restore(parts: Resumable, ckpt: Checkpoint, dist, weights_only_ok: bool) -> 
     console.out.print(f"resumed from {ckpt.path} at step {parts.progress.step}")
 
 
-def save(parts: Resumable, record: RunRecord, dist) -> Path | None:
-    """Every rank calls this (FSDP gathers its shards); rank 0 writes, the others wait. The
-    log window's sums go in too, so a resumed run logs the same interval average as an
-    uninterrupted one."""
+def _load_rank(part: Any, where: Slot, state: dict, rank: int, ckpt: Checkpoint) -> None:
+    """This rank's entry of a ``ranks`` slot, where the checkpoint has one: a rank with no
+    saved state of its own (more ranks than before) keeps its seed."""
+    fields = where.split or ("",)
+    lists = {f: state.get(where.key.format(f) if where.split else where.key) for f in fields}
+    first = lists[fields[0]]
+    if first is None:
+        return
+
+    def load(_) -> None:
+        if not isinstance(first, list) or not all(isinstance(v, (list, type(None))) for v in lists.values()):
+            raise ValueError(f"its {where.what}s by rank are " + ("not lists" if where.split else "not a list"))
+        if rank < len(first):
+            if where.split:
+                part.load_state_dict({f: (v or [None] * len(first))[rank] for f, v in lists.items()})
+            else:
+                part.load_state_dict(first[rank])
+
+    _load(load, None, where.where(), ckpt)
+
+
+def save(parts: Parts, record: RunRecord, dist) -> Path | None:
+    """Every rank calls this (FSDP gathers its shards, the log window's sums are averaged, each
+    rank's random state is gathered); rank 0 writes, the others wait. Each stateful part goes
+    to its slot (`llmlab.train.parts.Slot`); the log window's sums go in too, so a resumed run
+    logs the same interval average as an uninterrupted one."""
     full = full_model_state(parts.model, dist)
-    optim_state = full_optimizer_state(parts.model, parts.optimizer, dist)
-    rngs = gather((parts.random.state_dict(),
-                   parts.distiller.state_dict() if parts.distiller is not None else None), dist)
-    window = parts.window.state_dict()  # every rank takes part in its reduction
+    saved = _checkpointed(parts, dist)
+    own = {name: part.state_dict() for name, part, where in saved if where.file != "ranks"}
+    by_rank = gather(tuple(part.state_dict() for _, part, where in saved if where.file == "ranks"), dist)
     path = None
     if dist.is_main:
         weights = {k: full[k] for k in record.weight_names}
-        state = {"optimizer": optim_state, "torch_rng_by_rank": [r[0]["torch"] for r in rngs],
-                 "mask_rng_by_rank": [r[0]["mask"] for r in rngs]}
-        if parts.distiller is not None:
-            state["distill_rng_by_rank"] = [r[1] for r in rngs]
-        if parts.scaler.is_enabled():
-            state["scaler"] = parts.scaler.state_dict()
-        progress = parts.progress.state_dict()
+        state_json: dict[str, Any] = {}
+        trainer: dict[str, Any] = {}
+        index = 0
+        for name, part, where in saved:
+            if where.file == "state" and not where.key:  # spread over state.json's top level
+                state_json.update(own[name])
+            elif where.file == "state":
+                state_json[where.key] = own[name]
+            elif where.file == "trainer":
+                trainer[where.key] = own[name]
+            else:
+                values = [r[index] for r in by_rank]
+                index += 1
+                if where.split:
+                    trainer.update({where.key.format(f): [v[f] for v in values] for f in where.split})
+                else:
+                    trainer[where.key] = values
+        step = state_json.pop("step")
         path = save_checkpoint(
-            record.run_dir / "checkpoints", progress["step"], weights, record.spec, record.config,
-            record.tokenizer_path,
-            state={"tokens_seen": progress["tokens_seen"], "val": progress["val"], "run_id": record.run_id,
-                   "world_size": dist.world_size, "data_rng": parts.sampler.state_dict(), **record.data,
-                   "log_window": window},
-            trainer_state=state, keep=record.keep, token_counts=record.token_counts(),
+            record.run_dir / "checkpoints", step, weights, record.spec, record.config, record.tokenizer_path,
+            state={**state_json, "run_id": record.run_id, "world_size": dist.world_size, **record.data},
+            trainer_state=trainer, keep=record.keep, token_counts=record.token_counts(),
             ema=parts.ema.state_dict(weights) if parts.ema is not None else None)
     barrier(dist)
     return broadcast(path, dist)
