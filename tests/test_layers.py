@@ -125,3 +125,15 @@ def test_the_reader_sees_a_planted_circle_and_a_climb(tmp_path):
     assert imports_of(tmp_path / "a.py", "llmlab.model.a", known) == {"llmlab.model.b"}
     assert imports_of(tmp_path / "b.py", "llmlab.model.b", known) == {"llmlab.model.a", "llmlab.train.loop"}
     assert layer("llmlab.train.loop") > layer("llmlab.model.b")
+
+
+def test_no_class_sets_more_than_twenty_attributes():
+    """A class that holds everything (the trainer once set 51) is split into declared parts."""
+    crowded = []
+    for name, path in module_names().items():
+        for cls in [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)]:
+            attrs = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)
+                     and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+            if len(attrs) > 20:
+                crowded.append(f"{name}.{cls.name}: {len(attrs)}")
+    assert crowded == []

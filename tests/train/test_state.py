@@ -112,3 +112,42 @@ def test_a_hand_edited_trainer_state_is_one_line_naming_the_part(tmp_path, edit,
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UserError, match=rf"^train.resume: {ckpt} holds a damaged {part}.*; resume from another"):
         run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
+
+
+def test_a_new_stateful_part_is_saved_and_restored_by_its_slot_alone(tmp_path, monkeypatch):
+    """A part added to `Parts` with a `Slot` is saved by resume into that slot and restored from
+    it, with no edit of resume: one in state.json, one in trainer.pt, one by rank."""
+    from dataclasses import dataclass
+    from typing import Any
+
+    import llmlab.train.loop as loop
+    from llmlab.train.parts import Parts, Slot, slot
+
+    loaded: list[tuple[str, Any]] = []
+
+    class Counter:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def state_dict(self) -> dict:
+            return {"seen": 7, "by": self.name}
+
+        def load_state_dict(self, state: dict) -> None:
+            loaded.append((self.name, state))
+
+    @dataclass(frozen=True)
+    class MoreParts(Parts):
+        tally: Any = slot(Slot("state", "tally", "tally"), default_factory=lambda: Counter("tally"))
+        ledger: Any = slot(Slot("trainer", "ledger", "ledger"), default_factory=lambda: Counter("ledger"))
+        beads: Any = slot(Slot("ranks", "beads_by_rank", "beads"), default_factory=lambda: Counter("beads"))
+
+    monkeypatch.setattr(loop, "Parts", MoreParts)
+    corpus = write_corpus(tmp_path)
+    run_training(config(corpus, tmp_path, steps=2, eval_every=0, ckpt_every=2), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    assert json.loads((ckpt / "state.json").read_text())["tally"] == {"seen": 7, "by": "tally"}
+    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
+    assert trainer["ledger"] == {"seen": 7, "by": "ledger"} and trainer["beads_by_rank"] == [{"seen": 7, "by": "beads"}]
+    assert loaded == []
+    run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
+    assert sorted(loaded) == [(name, {"seen": 7, "by": name}) for name in ("beads", "ledger", "tally")]
