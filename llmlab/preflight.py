@@ -26,12 +26,18 @@ class CheckJobs(Callback):
         self.command = command
 
     def on_run_start(self, config: Any, config_name: str | None = None, **kwargs: Any) -> None:
+        _stopping_on_a_bug(self._check_run, config, config_name)
+
+    def on_multirun_start(self, config: Any, config_name: str | None = None, **kwargs: Any) -> None:
+        _stopping_on_a_bug(self._check_sweep, config, config_name)
+
+    def _check_run(self, config: Any, config_name: str | None) -> None:
         from omegaconf import OmegaConf
 
         overrides = OmegaConf.to_container(config.hydra.overrides.task)
-        _checked(self.command, config_name or self.command, [job_settings(config)], [overrides])
+        _checked(self.command, config_name or self.command, [lambda: job_settings(config)], [overrides])
 
-    def on_multirun_start(self, config: Any, config_name: str | None = None, **kwargs: Any) -> None:
+    def _check_sweep(self, config: Any, config_name: str | None) -> None:
         from hydra import compose
         from hydra.errors import HydraException
         from omegaconf import OmegaConf
@@ -48,8 +54,20 @@ class CheckJobs(Callback):
         except UserError as e:
             fail(str(e), 2)
         name = config_name or self.command
-        _checked(self.command, name, [lambda combo=combo: compose(config_name=name, overrides=combo)
+        _checked(self.command, name, [lambda combo=combo: job_settings(compose(config_name=name, overrides=combo))
                                       for combo in combos], combos)
+
+
+def _stopping_on_a_bug(check, *args: Any) -> None:
+    """Hydra turns an exception in a callback into a warning and goes on to make the directory
+    and run the job: a mistake is one line (`_checked`), and anything else, a bug, ends the
+    command here with its traceback."""
+    try:
+        check(*args)
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        raise SystemExit(1) from None
 
 
 def job_settings(config: Any) -> dict:
@@ -62,7 +80,8 @@ def job_settings(config: Any) -> dict:
 
 
 def _checked(command: str, config_name: str, configs: list, combos: list[list[str]]) -> None:
-    """Resolve each job: ``configs`` holds its settings, or a function that composes them."""
+    """Resolve each job: ``configs`` holds, for each, a function that gives its settings
+    (resolving them, and composing them for a sweep's job, may fail too)."""
     from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -79,13 +98,11 @@ def _checked(command: str, config_name: str, configs: list, combos: list[list[st
     for settings, combo in zip(configs, combos):
         try:
             try:
-                cfg = settings() if callable(settings) else settings
+                cfg = settings()
             except HydraException as e:
                 if not mistakes.names_an_unloaded_kind(e):
                     raise
                 cfg = settings()  # the combination names a kind written as one file: loaded now
-            if callable(settings):
-                cfg = job_settings(cfg)
             line = mistakes.not_a_bool(combo, cfg)
             if line is not None:
                 fail(line, 2)

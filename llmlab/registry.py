@@ -481,3 +481,16 @@ class Registry:
         """Instantiate the variant a checked Config names."""
         cls = self.get(getattr(cfg, self.kind_key))
         return cls(cfg, *args, **kwargs)
+
+
+def discover(package: str, path: Any) -> None:
+    """Import every module of a family's package (``discover(__name__, __path__)`` at the end of
+    its ``__init__``): each registers its kinds, so a new kind is one new file there. For the
+    families whose classes need no torch; the others are found the same way when first used
+    (`Registry` with ``impl``)."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(path):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")

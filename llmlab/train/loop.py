@@ -41,7 +41,7 @@ from llmlab.train.distill import Distiller
 from llmlab.train.ema import WeightAverage
 from llmlab.train.distributed import barrier, broadcast, gradient_sync, init_distributed, mean, shutdown, wrap_model
 from llmlab.train.evaluation import Evaluator, val_line
-from llmlab.train.loggers import LOGGER, JsonlWriter, NoLogger, SafeLogger
+from llmlab.train.loggers import LOGGER, JsonlWriter, SafeLogger
 from llmlab.train.meter import History, LogWindow, train_progress
 from llmlab.train.mfu import Peak
 from llmlab.train.optim import build_optimizer
@@ -382,7 +382,7 @@ class Trainer:
         self.records = records = Records(
             JsonlWriter(self.run_dir / "metrics.jsonl") if main else None,
             JsonlWriter(self.run_dir / "samples.jsonl") if main else None,  # the prompt completions
-            SafeLogger(LOGGER.build(self.job.logger if main else NoLogger.Config())))
+            SafeLogger(LOGGER.build(self.job.logger if main else LOGGER.config_of("none")())))
         if main:
             atomic_write_text(self.run_dir / "config.yaml", _yaml(self.job.config))
             records.logger.start(self.run_dir, {**self.job.config, "model_card": self.plan.card, "run_id": self.run_id,

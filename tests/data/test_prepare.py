@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import llmlab.data.prepare as prep
-from llmlab.data.corpus import CORPUS, PythonSource, TextFiles
+from llmlab.data.corpus import CORPUS
 from llmlab.data.documents import val_names
 from llmlab.data.shards import ShardWriter, read_shard, token_dtype
 from llmlab.errors import UserError
@@ -172,7 +172,7 @@ def test_split_is_deterministic_disjoint_and_by_document(tmp_path):
     d.mkdir()
     for i in range(60):
         (d / f"{i:02d}.txt").write_text(f"document {i}\n" * (i + 1))
-    corpus = TextFiles(CORPUS.config({**TEXT, "paths": [str(d / "*.txt")]}, "data"))
+    corpus = CORPUS.get("text")(CORPUS.config({**TEXT, "paths": [str(d / "*.txt")]}, "data"))
     seen = {split: [doc.name for doc in corpus.stream(split)] for split in ("train", "val")}
     assert not set(seen["train"]) & set(seen["val"]) and len(seen["train"]) + len(seen["val"]) == 60
     assert seen == {split: [doc.name for doc in corpus.stream(split)] for split in ("train", "val")}
@@ -181,7 +181,7 @@ def test_split_is_deterministic_disjoint_and_by_document(tmp_path):
 def test_single_document_is_split_at_a_line(tmp_path):
     text = "".join(f"line {i}\n" for i in range(100))
     (tmp_path / "one.txt").write_text(text)
-    corpus = TextFiles(CORPUS.config({**TEXT, "paths": [str(tmp_path / "one.txt")], "val_fraction": 0.1}, "data"))
+    corpus = CORPUS.get("text")(CORPUS.config({**TEXT, "paths": [str(tmp_path / "one.txt")], "val_fraction": 0.1}, "data"))
     train, val = list(corpus.stream("train")), list(corpus.stream("val"))
     assert "".join(d.text for d in train) + "".join(d.text for d in val) == text
     assert val[0].text.startswith("line ") and train[-1].text.endswith("\n")
@@ -202,13 +202,13 @@ def test_a_large_file_streams_in_parts_that_encode_like_the_whole(tmp_path):
     p = prep.prepare({**TEXT, "paths": [str(tmp_path / "big.py")]}, {"kind": "bpe", "vocab_size": 300},
                      str(tmp_path / "cache"), quiet=True)
     tok = p.tokenizer()
-    head = "".join(d.text for d in TextFiles(CORPUS.config({**TEXT, "paths": [str(tmp_path / "big.py")]}, "data"))
+    head = "".join(d.text for d in CORPUS.get("text")(CORPUS.config({**TEXT, "paths": [str(tmp_path / "big.py")]}, "data"))
                    .stream("train"))
     assert np.asarray(p.tokens("train")).tolist() == tok.encode(head) + [tok.eos_id]
 
 
 def test_pysource_lists_stdlib_without_tests():
-    corpus = PythonSource(CORPUS.config({"kind": "pysource"}, "data"))
+    corpus = CORPUS.get("pysource")(CORPUS.config({"kind": "pysource"}, "data"))
     files = corpus.files()
     rel = [str(Path(p).relative_to(corpus.root())) for p in files]
     assert len(files) > 300
@@ -314,7 +314,7 @@ def test_a_literal_separator_in_the_text_ends_a_document_and_is_not_learned(tmp_
     assert len(learned) > 300  # merges were learned, from the stories
     # the train split is the text's head (one file is split at a line); each of its stories
     # is its tokens and one separator: none is lost, none doubled by the literal
-    corpus = TextFiles(CORPUS.config(data, "data"))
+    corpus = CORPUS.get("text")(CORPUS.config(data, "data"))
     head = "".join(d.text for d in corpus.stream("train"))
     expected = [i for story in head.split("<|endoftext|>") if story for i in tok.encode(story) + [tok.eos_id]]
     assert np.asarray(p.tokens("train")).tolist() == expected
@@ -329,7 +329,7 @@ def test_files_keep_the_order_of_paths():
     names = ["/a/b.py", "/a.b/c.py", "/a-b/x", "/a/b/c", "/a/b_c", "/ab/c"]
     assert sorted(names, key=path_order) == [str(p) for p in sorted(Path(n) for n in names)]
     assert sorted(names) != sorted(names, key=path_order)  # the plain string order differs here
-    corpus = PythonSource(CORPUS.config({"kind": "pysource"}, "data"))
+    corpus = CORPUS.get("pysource")(CORPUS.config({"kind": "pysource"}, "data"))
     assert corpus.files() == [str(p) for p in sorted(Path(f) for f in corpus.files())]
 
 

@@ -1,4 +1,6 @@
 """Learning-rate schedules (config group ``sched``): a multiplier of ``optim.lr`` per step.
+Each kind is one file in this package, its class registered with ``@SCHEDULE.register(name)``
+and holding its nested ``Config``; the package finds them all (`llmlab.registry.discover`).
 
 Every schedule warms up linearly first. Its length is ``sched.warmup`` steps, or
 ``sched.warmup_share`` of the run's steps. Unset, it is `DEFAULT_WARMUP` steps, except in a run
@@ -10,13 +12,12 @@ schedule the same shape, so the sweep compares sizes and budgets, not warm-up le
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llmlab.errors import ConfigError
 from llmlab.names import parse_flops
-from llmlab.registry import Checked, Registry, bounded, choice
+from llmlab.registry import Checked, Registry, bounded, discover
 
 SCHEDULE = Registry("sched", group="sched")
 
@@ -93,72 +94,4 @@ class DecayConfig(Schedule.Config):
     min_lr_ratio: float = bounded(0.0, at_least=0, at_most=1)
 
 
-@SCHEDULE.register("cosine")
-class Cosine(Schedule):
-    """Cosine decay to ``min_lr_ratio`` of the peak (Loshchilov & Hutter 2017, SGDR)."""
-
-    @dataclass
-    class Config(DecayConfig):
-        kind: str = "cosine"
-        min_lr_ratio: float = bounded(0.1, at_least=0, at_most=1)
-
-    def after_warmup(self, progress: float) -> float:
-        r = self.cfg.min_lr_ratio
-        return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-@SCHEDULE.register("constant")
-class Constant(Schedule):
-    """Linear warm-up, then optim.lr to the end."""
-
-    @dataclass
-    class Config(Schedule.Config):
-        kind: str = "constant"
-
-    def after_warmup(self, progress: float) -> float:
-        return 1.0
-
-
-@SCHEDULE.register("linear")
-class Linear(Schedule):
-    """Linear decay to ``min_lr_ratio`` of the peak."""
-
-    @dataclass
-    class Config(DecayConfig):
-        kind: str = "linear"
-
-    def after_warmup(self, progress: float) -> float:
-        return 1 - (1 - self.cfg.min_lr_ratio) * progress
-
-
-@SCHEDULE.register("wsd")
-class WarmupStableDecay(Schedule):
-    """Warmup-stable-decay (Hu et al. 2024, MiniCPM, section 4): hold the peak, then cool down
-    over the last ``decay_fraction`` of training, linearly or along a cosine, to
-    ``min_lr_ratio``."""
-
-    @dataclass
-    class Config(DecayConfig):
-        kind: str = "wsd"
-        decay_fraction: float = bounded(0.2, above=0, at_most=1)
-        cooldown: str = choice("linear", ("linear", "cosine"))  # the shape of the final decay
-        forks: ClassVar[bool] = True
-
-    @property
-    def decay_start(self) -> int:
-        """The first step whose rate is below the peak: a run of this length and a longer one
-        with the same warm-up agree on every step before it (where a cooldown branch forks)."""
-        return self.total - max(1, round(self.cfg.decay_fraction * self.total))
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        decay_start = self.decay_start
-        decay_steps = self.total - decay_start
-        if step < decay_start:
-            return 1.0
-        progress = min(1.0, (step - decay_start + 1) / decay_steps)
-        r = self.cfg.min_lr_ratio
-        if self.cfg.cooldown == "cosine":
-            return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1 - (1 - r) * progress
+discover(__name__, __path__)  # every kind's file, each registering itself

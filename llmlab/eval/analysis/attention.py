@@ -1,4 +1,4 @@
-"""Analyses ``llmlab eval analysis=<kind>`` runs after scoring (config group ``analysis``)."""
+"""The ``analysis=attention`` kind."""
 
 from __future__ import annotations
 
@@ -10,15 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmlab.errors import UserError
+from llmlab.eval.analysis import ANALYSIS
 from llmlab.files import atomic_write_text
-from llmlab.registry import Registry, bounded
+from llmlab.registry import bounded
 
 if TYPE_CHECKING:
     import torch
-
-# torch is not imported here: `llmlab eval` checks its settings (this registry's schemas among
-# them) before it loads torch
-ANALYSIS = Registry("analysis", group="analysis")
 
 
 @ANALYSIS.register("attention")

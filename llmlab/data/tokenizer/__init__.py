@@ -1,10 +1,11 @@
 """Tokenizers (config group ``tokenizer``), all Hugging Face `tokenizers` objects underneath,
-so every kind saves to and loads from one ``tokenizer.json``."""
+so every kind saves to and loads from one ``tokenizer.json``. Each kind is one file in this
+package, its class registered with ``@TOKENIZER.register(name)`` and holding its nested
+``Config``; the package finds them all (`llmlab.registry.discover`)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sys
 import tempfile
@@ -12,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-from llmlab.errors import ConfigError, UserError
-from llmlab.registry import Checked, Registry, bounded
+from llmlab.errors import UserError
+from llmlab.registry import Registry, discover
 
 TOKENIZER = Registry("tokenizer", group="tokenizer")
 EOS = "<|endoftext|>"
@@ -160,83 +161,4 @@ class TokenizerFactory:
         raise NotImplementedError
 
 
-@TOKENIZER.register("bpe")
-class ByteLevelBPE(TokenizerFactory):
-    """Byte-level BPE (Radford et al. 2019, GPT-2, section 2.2) trained on the train split,
-    with GPT-2 pre-tokenization and ``<|endoftext|>`` as the one special token."""
-
-    @staticmethod
-    def planned_vocab(cfg) -> int:
-        return cfg.vocab_size
-
-    @dataclass
-    class Config(Checked):
-        kind: str = "bpe"
-        vocab_size: int = 8192
-        min_frequency: int = bounded(2, at_least=0)  # a pair seen fewer times is not merged
-        train_bytes: int = 256_000_000  # text it learns from: a fixed sample of the train split, by document hash
-
-        def check(self, prefix: str) -> None:
-            if not 257 <= self.vocab_size <= 2**32 - 1:
-                raise ConfigError(f"{prefix}.vocab_size: must be in [257, 2^32), got {self.vocab_size}")
-            if self.train_bytes < 1:
-                raise ConfigError(f"{prefix}.train_bytes: must be >= 1, got {self.train_bytes}")
-
-    def train_bytes(self) -> int | None:
-        return self.cfg.train_bytes
-
-    def needs_training(self) -> bool:
-        return True
-
-    def make(self, texts=None) -> TextTokenizer:
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.Sequence([long_run_splitter(), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=self.cfg.vocab_size, min_frequency=self.cfg.min_frequency, special_tokens=[EOS],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator(texts(), trainer=trainer)
-        return TextTokenizer(tok)
-
-
-@TOKENIZER.register("byte")
-class ByteTokenizer(TokenizerFactory):
-    """One id per byte (0-255) plus ``<|endoftext|>`` (256). Nothing to train."""
-
-    @dataclass
-    class Config:
-        kind: str = "byte"
-
-    def make(self, texts=None) -> TextTokenizer:
-        vocab = {ch: b for b, ch in byte_to_unicode().items()}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.add_special_tokens([EOS])
-        return TextTokenizer(tok)
-
-
-@TOKENIZER.register("pretrained")
-class PretrainedTokenizer(TokenizerFactory):
-    """A ``tokenizer.json`` from elsewhere (a Hugging Face model directory, another run)."""
-
-    @dataclass
-    class Config:
-        kind: str = "pretrained"
-        path: str = ""
-        eos: str | None = EOS
-
-    def _path(self) -> Path:
-        path = Path(os.path.expanduser(self.cfg.path))
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if not self.cfg.path or not path.is_file():
-            raise UserError(f"tokenizer.path: no tokenizer.json at '{self.cfg.path}'")
-        return path
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"kind": "pretrained", "eos": self.cfg.eos,
-                "sha256": hashlib.sha256(self._path().read_bytes()).hexdigest()[:16]}
-
-    def make(self, texts=None) -> TextTokenizer:
-        return TextTokenizer.load(self._path(), self.cfg.eos)
+discover(__name__, __path__)  # every kind's file, each registering itself
