@@ -291,3 +291,26 @@ def test_adamw_on_the_cpu_takes_the_fused_kernel_and_steps_as_foreach_does():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-3 * cfg.lr)
         moved += not torch.equal(a, start[name])
     assert moved >= len(start) // 2
+
+
+@pytest.mark.parametrize("kind", SCHEDULE.names())
+def test_every_schedule_warms_up_linearly_then_never_rises_or_leaves_zero_to_one(kind):
+    """What the loop and cooldown branches take from any schedule: the warm-up climbs from
+    1/warmup to the peak in equal steps, and after it the multiplier stays in (0, 1] and never
+    rises again."""
+    s = SCHEDULE.build(SCHEDULE.config({"kind": kind, "warmup": 8}, "sched"), 200)
+    rates = [s(step) for step in range(200)]
+    assert rates[:8] == pytest.approx([(i + 1) / 8 for i in range(8)])
+    after = rates[8:]
+    assert all(0 <= r <= 1 for r in after) and all(b <= a + 1e-12 for a, b in zip(after, after[1:]))
+
+
+def test_inverse_sqrt_falls_as_one_over_the_root_of_the_steps():
+    s = SCHEDULE.build(SCHEDULE.config({"kind": "inverse_sqrt", "warmup": 10}, "sched"), 10_000)
+    assert s(9) == 1.0  # the peak ends the warm-up
+    assert s(9 + 10) == pytest.approx(2 ** -0.5)  # one timescale (the warm-up's 10 steps) later
+    assert s(9 + 30) == pytest.approx(0.5) and s(9 + 990) == pytest.approx(0.1)
+    longer = SCHEDULE.build(SCHEDULE.config({"kind": "inverse_sqrt", "warmup": 10}, "sched"), 20_000)
+    assert [longer(i) for i in range(10_000)] == [s(i) for i in range(10_000)]  # no end: a longer run agrees
+    slow = SCHEDULE.build(SCHEDULE.config({"kind": "inverse_sqrt", "warmup": 10, "timescale": 100}, "sched"), 1000)
+    assert slow(9 + 100) == pytest.approx(2 ** -0.5)
