@@ -18,31 +18,43 @@ def command_help(command: str) -> str:
     text = (conf_dir() / f"{command}.yaml").read_text()
     doc = yaml.safe_load(text) or {}
     help_cfg = (doc.get("hydra") or {}).get("help") or {}
-    groups = []
-    for entry in doc.get("defaults") or []:
-        if isinstance(entry, dict):
-            groups += [str(k).split("@")[0].lstrip("/") for k in entry if not str(k).startswith("override")]
+    groups = command_groups(command)
     out = [help_cfg.get("header", f"llmlab {command}\n").rstrip("\n"), ""]
     about = [line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#")]  # the first is the header's
     if about:
         out += [*about, ""]
     if groups:
         out += ["== Config groups (group=option) =="]
-        for group in groups:
-            for sub in [group] + sorted(f"{group}/{g}" for g in group_listing(group)[1]):
-                options = group_listing(sub)[0]
-                out.append(f"{sub}: {', '.join(options)}")
-                for o in options:
-                    registry = Registry.by_group.get(sub)
-                    out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
-                    settings = defaults_text(registry.config_of(o), registry.kind_key) if registry and o in registry else ""
-                    if settings:
-                        out.append(f"  {'':<14}   {settings}")
+        for sub in groups:
+            options = group_listing(sub)[0]
+            out.append(f"{sub}: {', '.join(options)}")
+            for o in options:
+                registry = Registry.by_group.get(sub)
+                out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
+                settings = defaults_text(registry.config_of(o), registry.kind_key) if registry and o in registry else ""
+                if settings:
+                    out.append(f"  {'':<14}   {settings}")
         out.append("")
     declared = importlib.import_module(f"llmlab.commands.{command}").COMMAND
     out += ["== Settings (key=value) ==", *declared.settings_help(), ""]
     out.append(help_cfg.get("footer", "").rstrip("\n"))
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def command_groups(command: str) -> list[str]:
+    """The config groups a command composes, as its YAML's defaults list picks them, each
+    followed by its subgroups (``model``, ``model/attention``, ``model/ffn``)."""
+    import yaml
+
+    doc = yaml.safe_load((conf_dir() / f"{command}.yaml").read_text()) or {}
+    groups = []
+    for entry in doc.get("defaults") or []:
+        if isinstance(entry, dict):
+            for key in entry:
+                group = str(key).split("@")[0].lstrip("/")
+                if not str(key).startswith("override"):
+                    groups += [group] + [f"{group}/{sub}" for sub in group_listing(group)[1]]
+    return groups
 
 
 def group_listing(group: str) -> tuple[list[str], list[str]]:
@@ -85,10 +97,6 @@ def _option_line(group: str, option: str, registry) -> str:
     return ""
 
 
-PARTS_GROUPS = ("model", "model/attention", "model/ffn", "norm", "pos", "objective", "optim", "sched", "data",
-                "tokenizer", "logger")
-
-
 def parts_table() -> str:
     """The table in docs/parts.md of config groups, their options and their settings, written from the
     registries and conf/ (so no list of kinds is kept by hand): ``python -m llmlab.help``."""
@@ -99,7 +107,7 @@ def parts_table() -> str:
     importlib.import_module("llmlab.commands.train")  # its groups' registries (what `llmlab.cli.register_parts` does)
     Registry.load_all()
     rows = ["| group | options | settings |", "| --- | --- | --- |"]
-    for group in PARTS_GROUPS:
+    for group in command_groups("train"):
         options = group_listing(group)[0]
         registry = Registry.by_group.get(group)
         if registry is None:  # the model presets: sizes under model.*
