@@ -225,6 +225,9 @@ def test_cfg_job_composes_once_and_its_mistakes_are_one_line(tmp_path, args, fra
     (["eval", "hydra.run.dir=''"], ["hydra.run.dir: empty"]),
     (["train", "-m", "seed=0,1", "hydra.sweep.subdir="], ["hydra.sweep.subdir: empty; give a directory per job"]),
     (["sample", "cuda_graph=null"], ["cuda_graph: expected true or false, got null"]),
+    # a document mask with a tokenizer that has no end-of-document token: said before the data is prepared
+    (["train", "data.doc_mask=true", "tokenizer=pretrained", "tokenizer.path=/nope", "tokenizer.eos=null"],
+     ["data.doc_mask: tokenizer.eos=null marks no document's end"]),
     # an interpolation that resolves to the wrong type (found by the fuzzer)
     (["tokenize", "data.val_fraction=${oc.env:HOME}"], ["data.val_fraction: expected a number, got"]),
     (["train", "-m", "seed=0,1", "data.val_fraction=${oc.env:HOME}"], ["data.val_fraction: expected a number"]),

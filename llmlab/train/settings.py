@@ -199,6 +199,9 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     data, optim = CORPUS.config(top.data, "data"), OPTIMIZER.config(top.optim, "optim")
     sched, logger = SCHEDULE.config(top.sched, "sched"), LOGGER.config(top.logger, "logger")
     loop, distill = top.train, top.distill
+    if getattr(data, "doc_mask", False) and getattr(tokenizer, "eos", "") is None:  # before the data is prepared
+        raise ConfigError("data.doc_mask: tokenizer.eos=null marks no document's end, so no boundary can be kept; "
+                          "name the tokenizer's end-of-document token in tokenizer.eos, or drop data.doc_mask")
     if distill.teacher and distill.data == "teacher" and distill.prompt_tokens > spec.model.max_seq_len:
         raise ConfigError(f"distill.prompt_tokens: must be at most model.max_seq_len={spec.model.max_seq_len}, "
                           f"got {distill.prompt_tokens}")
