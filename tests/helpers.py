@@ -109,3 +109,43 @@ def hf_loss(directory, tokens: np.ndarray, block: int) -> float:
     with torch.no_grad():
         logits = model(windows[:, :-1]).logits
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), windows[:, 1:].reshape(-1)))
+
+
+def export_checkpoint(tmp_path, *overrides):
+    """A checkpoint of a small model with non-trivial norms and biases, and a byte tokenizer."""
+    from llmlab.data.tokenizer import TOKENIZER
+    from llmlab.model.transformer import ModelSpec, Transformer
+    from llmlab.train.checkpoint import load_checkpoint, save_checkpoint
+
+    tok = TOKENIZER.build(TOKENIZER.config({"kind": "byte"}, "tokenizer")).make()
+    tok.save(tmp_path / "tokenizer.json")
+    cfg = composed(*overrides, "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.max_seq_len=32")
+    spec = ModelSpec.from_config(cfg, vocab_size=tok.vocab_size)
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    path = save_checkpoint(tmp_path / "ckpts", 1, model, spec.to_dict(), cfg, tmp_path / "tokenizer.json",
+                           {"eos": tok.eos})
+    return load_checkpoint(path)
+
+
+# model settings `llmlab export` writes, each with the transformers class it becomes
+EXPORT_CASES = {
+    "llama tied": (["model=llama", "model.tie_embeddings=true"], "LlamaForCausalLM"),
+    "llama untied, biases": (["model=llama", "model.tie_embeddings=false", "model.bias=true"], "LlamaForCausalLM"),
+    "gqa": (["model=llama", "model/attention=gqa", "attention.kv_heads=2"], "LlamaForCausalLM"),
+    "mqa": (["model=llama", "model/attention=mqa"], "LlamaForCausalLM"),
+    "swa window = context": (["model=llama", "model/attention=swa", "attention.window=32"], "LlamaForCausalLM"),
+    "tiny with MTP heads": (["model=tiny", "model/attention=mha", "model.mtp_heads=2"], "LlamaForCausalLM"),
+    # the default model: q/k norms per head before RoPE, as Qwen3 has them
+    "tiny (qknorm)": (["model=tiny"], "Qwen3ForCausalLM"),
+    "qknorm one kv head per query head, untied": (["model=qknorm", "attention.kv_heads=4", "model.tie_embeddings=false"],
+                                                  "Qwen3ForCausalLM"),
+    "qknorm, another eps for every norm": (["model=qknorm", "norm.eps=1e-3"], "Qwen3ForCausalLM"),
+    "gpt2": (["model=gpt2"], "GPT2LMHeadModel"),
+    "gpt2 tanh gelu, untied": (["model=gpt2", "model/ffn=gelu_tanh", "model.tie_embeddings=false"], "GPT2LMHeadModel"),
+    "gpt2 without biases": (["model=gpt2", "model.bias=false"], "GPT2LMHeadModel"),
+}

@@ -17,7 +17,8 @@ from llmlab.eval.loss import evaluate_loss
 from llmlab.export.hf import FAMILIES, export_hf
 from llmlab.export.hf_load import SPECS, WEIGHTS
 from llmlab.train.checkpoint import build_model, load_checkpoint
-from tests.export.test_hf import CASES, checkpoint
+from tests.helpers import EXPORT_CASES as CASES
+from tests.helpers import export_checkpoint as checkpoint
 from tests.helpers import hf_loss
 
 CPU = torch.device("cpu")
