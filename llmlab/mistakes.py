@@ -27,11 +27,8 @@ def explain(err: Exception, overrides: list[str], compose) -> str:
     from llmlab.registry import omegaconf_error
 
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:
-        from llmlab.registry import Registry
-
         group, _, option = err.missing_cfg_file.rpartition("/")
-        registry = Registry.by_group.get(group)  # its kinds written as one file too, loaded now if not before
-        options = sorted(set(err.options or []) | set(registry.names() if registry is not None else []))
+        options = _with_kinds(group, err.options or [])
         return f"{group}={option}: unknown option; allowed: {', '.join(options) or '(none)'}"
     cause = err if isinstance(err, OmegaConfBaseException) else (err.__cause__ or err.__context__)
     if not isinstance(cause, OmegaConfBaseException):
@@ -93,9 +90,7 @@ def group_value_error(overrides: list[str], command: str = "train") -> str | Non
         options = loader.get_group_options(group)
         if not options:
             continue
-        from llmlab.registry import Registry
-        registry = Registry.by_group.get(group)  # its kinds written as one file too, loaded now if not before
-        options = sorted(set(options) | set(registry.names() if registry is not None else []))
+        options = _with_kinds(group, options)
         try:  # the groups this command composes, from its config without this override
             from hydra import compose
             cfg = compose(config_name=command, overrides=[t for t in overrides if t != text], return_hydra_config=True)
@@ -316,3 +311,24 @@ def after_hydra(e: Exception, command: str, rest: list[str]) -> None:
         if problem is not None:
             fail(str(problem), 1)
     raise e
+
+
+def group_options(group: str) -> list[str]:
+    """A config group's options as Hydra lists them, with its kinds written as one file, inside
+    an initialised Hydra; [] for a key that is no group."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        listed = GlobalHydra.instance().config_loader().get_group_options(group)
+    except Exception:  # not a group
+        listed = []
+    return _with_kinds(group, listed)
+
+
+def _with_kinds(group: str, listed) -> list[str]:
+    """``listed`` options of ``group`` with its registry's kinds, those written as one file
+    too (loaded now if not before)."""
+    from llmlab.registry import Registry
+
+    registry = Registry.by_group.get(group)
+    return sorted(set(listed) | set(registry.names() if registry is not None else []))

@@ -42,13 +42,14 @@ class CheckJobs(Callback):
         from hydra.errors import HydraException
         from omegaconf import OmegaConf
 
+        from llmlab import mistakes
         from llmlab.errors import UserError
         from llmlab.overrides import expand_sweeps
 
         overrides = OmegaConf.to_container(config.hydra.overrides.task)
         basic = config.hydra.runtime.choices.get("hydra/sweeper") == "basic"  # another has its own types
         try:
-            combos = expand_sweeps(overrides, group_options, basic=basic)
+            combos = expand_sweeps(overrides, mistakes.group_options, basic=basic)
         except HydraException as e:
             fail(f"cannot parse the overrides: {str(e).strip().splitlines()[0]}", 2)
         except UserError as e:
@@ -118,18 +119,3 @@ def _checked(command: str, config_name: str, configs: list, combos: list[list[st
             if line is None:
                 raise
             fail(line, 2)
-
-
-def group_options(group: str) -> list[str]:
-    """A config group's options as Hydra lists them, with its kinds written as one file (whose
-    registry is loaded for this), inside an initialised Hydra; [] for a key that is no group."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from llmlab.registry import Registry
-
-    registry = Registry.by_group.get(group)
-    try:
-        listed = GlobalHydra.instance().config_loader().get_group_options(group)
-    except Exception:  # not a group
-        listed = []
-    return sorted(set(listed) | set(registry.names() if registry is not None else []))
