@@ -227,3 +227,17 @@ def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
     names = {id(p): n for n, p in model.named_parameters()}
     for opt, groups in zip(optimizers_of(optimizer), before):
         check_optimizer_state(opt, groups, names)
+
+
+class WholeOptimizer:
+    """An optimizer's whole state as `full_optimizer_state` gathers it (every rank takes part
+    in a save), loaded back with `load_optimizer_state` into this run's sharding."""
+
+    def __init__(self, model: nn.Module, optimizer, dist: Dist) -> None:
+        self.model, self.optimizer, self.dist = model, optimizer, dist
+
+    def state_dict(self) -> dict | None:
+        return full_optimizer_state(self.model, self.optimizer, self.dist)
+
+    def load_state_dict(self, state: dict) -> None:
+        load_optimizer_state(self.model, self.optimizer, state)

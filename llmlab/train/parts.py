@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -26,18 +26,34 @@ class Slot:
     0's) or ``ranks`` (trainer.pt, a list of every rank's, in rank order). ``what``: the part
     in words, for a damaged one. ``default``: what a state.json without the key holds (None:
     the key is required). ``split``: a ``ranks`` state's fields, each kept as its own list
-    under ``key.format(field)``."""
+    under ``key.format(field)``. ``saved_as``: what saves and loads the part, given the part,
+    the bundle and the ranks (``dist``): something with ``state_dict`` and ``load_state_dict``,
+    or None where this run keeps no state of it; by default the part itself."""
 
     file: str
     key: str
     what: str
     default: Any = None
     split: tuple[str, ...] = ()
+    saved_as: Callable[[Any, Any, Any], Any] | None = None
 
     def where(self) -> str:
         if self.file == "state":
             return f"{self.what} (state.json{' ' + self.key if self.key else ''})"
         return f"{self.what} (trainer.pt)"
+
+
+def whole_optimizer(optimizer: Any, parts: "Parts", dist: Any) -> Any:
+    """The optimizer as a checkpoint holds it: its whole state (under FSDP gathered from every
+    rank's shards, so every rank takes part in a save), loaded back into this run's sharding."""
+    from llmlab.train.distributed import WholeOptimizer
+
+    return WholeOptimizer(parts.model, optimizer, dist)
+
+
+def when_scaling(scaler: Any, parts: "Parts", dist: Any) -> Any:
+    """The loss scaler, where it scales (fp16); otherwise it has no state worth a checkpoint."""
+    return scaler if scaler.is_enabled() else None
 
 
 def slot(where: Slot, **kwargs: Any) -> Any:
@@ -74,15 +90,15 @@ class RunData:
 @dataclass(frozen=True)
 class Parts:
     """Every part of a run the loop steps, built once. The fields with a `Slot` are the parts
-    whose state decides the next step; the optimizer's and the loss scaler's are saved through
-    `llmlab.train.resume` (the optimizer's whole state is gathered from every rank's shards),
-    the model's weights and the weight average go to files of their own."""
+    whose state decides the next step, saved and restored by `llmlab.train.resume` as their
+    slots say (the optimizer's whole state gathered from every rank's shards, the loss scaler
+    only when it scales); the model's weights and the weight average go to files of their own."""
 
     model: Any  # `llmlab.model.transformer.Transformer`
     wrapped: Any  # the model as the ranks share it (DDP or FSDP), or the model
     step_model: Any  # what the step calls: ``wrapped``, compiled with train.compile
-    optimizer: Any = slot(Slot("trainer", "optimizer", "optimizer state"))
-    scaler: Any = slot(Slot("trainer", "scaler", "loss scaler state"))
+    optimizer: Any = slot(Slot("trainer", "optimizer", "optimizer state", saved_as=whole_optimizer))
+    scaler: Any = slot(Slot("trainer", "scaler", "loss scaler state", saved_as=when_scaling))
     schedule: Any = None  # the learning-rate multiplier by step
     amp: Any = None  # the forward's autocast context
     progress: Any = slot(Slot("state", "", "step count"), default=None)  # `llmlab.train.state.Progress`
@@ -99,3 +115,12 @@ class Parts:
             part = getattr(self, f.name)
             if part is not None and "slot" in f.metadata:
                 yield f.name, part, f.metadata["slot"]
+
+    def checkpointed(self, dist: Any) -> list[tuple[str, Any, Slot]]:
+        """(name, what saves and loads it, slot) of each part a checkpoint of this run holds."""
+        out = []
+        for name, part, where in self.stateful():
+            saved = part if where.saved_as is None else where.saved_as(part, self, dist)
+            if saved is not None:
+                out.append((name, saved, where))
+        return out

@@ -9,14 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from torch import nn
-
 from llmlab import console
 from llmlab.errors import ConfigError, UserError
 from llmlab.files import OLD, TMP
 from llmlab.train.checkpoint import Checkpoint, load_checkpoint, load_latest, save_checkpoint
-from llmlab.train.distributed import (barrier, broadcast, full_model_state, full_optimizer_state, gather,
-                                      load_optimizer_state)
+from llmlab.train.distributed import barrier, broadcast, full_model_state, gather
 from llmlab.train.ema import EMA_FILE
 from llmlab.train.recovery import STEP_IN_NAME
 from llmlab.train.parts import Parts, Slot
@@ -107,33 +104,6 @@ def check_same_tokenizer(tokenizer_path: Path, ckpt: Checkpoint) -> None:
                           "settings, or start fresh with train.resume=null")
 
 
-class _WholeOptimizer:
-    """The optimizer as a checkpoint holds it: its whole state (under FSDP gathered from every
-    rank's shards, so every rank takes part in a save), loaded back into this run's sharding."""
-
-    def __init__(self, model: nn.Module, optimizer: Any, dist) -> None:
-        self.model, self.optimizer, self.dist = model, optimizer, dist
-
-    def state_dict(self) -> Any:
-        return full_optimizer_state(self.model, self.optimizer, self.dist)
-
-    def load_state_dict(self, state: Any) -> None:
-        load_optimizer_state(self.model, self.optimizer, state)
-
-
-def _checkpointed(parts: Parts, dist) -> list[tuple[str, Any, Slot]]:
-    """The parts a checkpoint holds, each as it saves and loads itself: the optimizer whole,
-    the loss scaler only when it scales (fp16)."""
-    out = []
-    for name, part, where in parts.stateful():
-        if name == "optimizer":
-            part = _WholeOptimizer(parts.model, part, dist)
-        elif name == "scaler" and not part.is_enabled():
-            continue
-        out.append((name, part, where))
-    return out
-
-
 @dataclass
 class RunRecord:
     """What every checkpoint of a run records besides the parts' state: what built it, where
@@ -178,7 +148,7 @@ def restore(parts: Parts, ckpt: Checkpoint, dist, weights_only_ok: bool) -> None
     if not isinstance(state, dict):
         raise UserError(f"train.resume: {ckpt.path} holds a damaged trainer.pt: a {type(state).__name__}, not the "
                         "trainer's parts by name; resume from another checkpoint, or start over with train.resume=null")
-    for name, part, where in _checkpointed(parts, dist):
+    for name, part, where in parts.checkpointed(dist):
         if where.file == "trainer":
             if where.key in state:
                 _load(part.load_state_dict, state[where.key], where.where(), ckpt)
@@ -227,7 +197,7 @@ def save(parts: Parts, record: RunRecord, dist) -> Path | None:
     to its slot (`llmlab.train.parts.Slot`); the log window's sums go in too, so a resumed run
     logs the same interval average as an uninterrupted one."""
     full = full_model_state(parts.model, dist)
-    saved = _checkpointed(parts, dist)
+    saved = parts.checkpointed(dist)
     own = {name: part.state_dict() for name, part, where in saved if where.file != "ranks"}
     by_rank = gather(tuple(part.state_dict() for _, part, where in saved if where.file == "ranks"), dist)
     path = None

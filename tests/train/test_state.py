@@ -116,7 +116,9 @@ def test_a_hand_edited_trainer_state_is_one_line_naming_the_part(tmp_path, edit,
 
 def test_a_new_stateful_part_is_saved_and_restored_by_its_slot_alone(tmp_path, monkeypatch):
     """A part added to `Parts` with a `Slot` is saved by resume into that slot and restored from
-    it, with no edit of resume: one in state.json, one in trainer.pt, one by rank."""
+    it, with no edit of resume: one in state.json, one in trainer.pt, one by rank; a slot's
+    ``saved_as`` stands in for its part (as the optimizer's whole state does) or leaves it out
+    of this run's checkpoints (as a loss scaler that does not scale)."""
     from dataclasses import dataclass
     from typing import Any
 
@@ -140,6 +142,10 @@ def test_a_new_stateful_part_is_saved_and_restored_by_its_slot_alone(tmp_path, m
         tally: Any = slot(Slot("state", "tally", "tally"), default_factory=lambda: Counter("tally"))
         ledger: Any = slot(Slot("trainer", "ledger", "ledger"), default_factory=lambda: Counter("ledger"))
         beads: Any = slot(Slot("ranks", "beads_by_rank", "beads"), default_factory=lambda: Counter("beads"))
+        shown: Any = slot(Slot("trainer", "shown", "shown", saved_as=lambda part, parts, dist: Counter("stand-in")),
+                          default_factory=lambda: Counter("shown"))
+        idle: Any = slot(Slot("trainer", "idle", "idle", saved_as=lambda part, parts, dist: None),
+                         default_factory=lambda: Counter("idle"))
 
     monkeypatch.setattr(loop, "Parts", MoreParts)
     corpus = write_corpus(tmp_path)
@@ -148,6 +154,7 @@ def test_a_new_stateful_part_is_saved_and_restored_by_its_slot_alone(tmp_path, m
     assert json.loads((ckpt / "state.json").read_text())["tally"] == {"seen": 7, "by": "tally"}
     trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
     assert trainer["ledger"] == {"seen": 7, "by": "ledger"} and trainer["beads_by_rank"] == [{"seen": 7, "by": "beads"}]
+    assert trainer["shown"] == {"seen": 7, "by": "stand-in"} and "idle" not in trainer
     assert loaded == []
     run_training(config(corpus, tmp_path, steps=4, eval_every=0, resume=str(ckpt)), tmp_path / "again")
-    assert sorted(loaded) == [(name, {"seen": 7, "by": name}) for name in ("beads", "ledger", "tally")]
+    assert sorted(loaded) == [(name, {"seen": 7, "by": name}) for name in ("beads", "ledger", "stand-in", "tally")]
