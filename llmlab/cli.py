@@ -55,6 +55,7 @@ class CommandLine:
     sweeping: bool  # -m
     showing: bool  # --cfg or --info: Hydra shows a config and runs nothing
     helping: bool  # --help
+    config_dirs: tuple[str, ...] = ()  # --config-dir: configs of one's own, beside llmlab's
 
     @classmethod
     def read(cls, argv: list[str]) -> "CommandLine":
@@ -73,7 +74,8 @@ class CommandLine:
             rest = name_sweep_runs_by_swept_keys(rest)
             if command == "train":
                 rest = keep_worker_ranks_out_of_outputs(name_train_sweep_by_its_overrides(rest))
-        return cls(command, tuple(rest), sweeping, bool({"--cfg", "-c", "--info"} & flags), helping)
+        return cls(command, tuple(rest), sweeping, bool({"--cfg", "-c", "--info"} & flags), helping,
+                   mistakes.config_dirs(rest))
 
 
 def register_parts(command: str | None = None, every_kind: bool = True) -> None:
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     register_parts(line.command, every_kind=line.helping or line.sweeping)
     if line.helping:
         from llmlab.help import command_help
-        sys.stdout.write(command_help(line.command))
+        sys.stdout.write(command_help(line.command, line.config_dirs))
         return
     app = hydra_app(line.command)
     sys.argv = [f"llmlab {line.command}", *line.args]

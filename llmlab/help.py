@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib
 
+from pathlib import Path
+
 from llmlab.paths import conf_dir
 
-def command_help(command: str) -> str:
+def command_help(command: str, config_dirs: tuple[str, ...] = ()) -> str:
     """A command's ``--help``: its own config groups, each option with its one-line description
     (a registered part's docstring, a preset's first comment), and its own settings with their
-    defaults and comments. Hydra's help lists every group, which the other commands reject."""
+    defaults and comments. Hydra's help lists every group, which the other commands reject.
+    ``config_dirs``: those given with ``--config-dir``, whose options are listed too."""
     import yaml
 
     from llmlab.registry import Registry, defaults_text
@@ -26,11 +29,11 @@ def command_help(command: str) -> str:
     if groups:
         out += ["== Config groups (group=option) =="]
         for sub in groups:
-            options = group_listing(sub)[0]
+            options = group_listing(sub, config_dirs)[0]
             out.append(f"{sub}: {', '.join(options)}")
             for o in options:
                 registry = Registry.by_group.get(sub)
-                out.append(f"  {o:<14} {_option_line(sub, o, registry)}".rstrip())
+                out.append(f"  {o:<14} {_option_line(sub, o, registry, config_dirs)}".rstrip())
                 settings = defaults_text(registry.config_of(o), registry.kind_key) if registry and o in registry else ""
                 if settings:
                     out.append(f"  {'':<14}   {settings}")
@@ -57,20 +60,22 @@ def command_groups(command: str) -> list[str]:
     return groups
 
 
-def group_listing(group: str) -> tuple[list[str], list[str]]:
+def group_listing(group: str, config_dirs: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """A config group's options and subgroups, from where llmlab's configs are: the YAML files
-    under conf/ and Hydra's ConfigStore (its public ``list``). Hydra's config loader answers
-    the same, but copies its whole config repository for each question (about 25 ms each,
-    some 30 questions for ``llmlab train --help``)."""
+    under conf/ (and under each of ``config_dirs``, given with ``--config-dir``) and Hydra's
+    ConfigStore (its public ``list``). Hydra's config loader answers the same, but copies its
+    whole config repository for each question (about 25 ms each, some 30 questions for
+    ``llmlab train --help``)."""
     from llmlab.registry import config_store
 
     options, subgroups = set(), set()
-    folder = conf_dir() / group
-    for path in folder.iterdir() if folder.is_dir() else ():
-        if path.is_dir():
-            subgroups.add(path.name)
-        elif path.suffix == ".yaml":
-            options.add(path.stem)
+    for root in (conf_dir(), *map(Path, config_dirs)):
+        folder = root / group
+        for path in folder.iterdir() if folder.is_dir() else ():
+            if path.is_dir():
+                subgroups.add(path.name)
+            elif path.suffix == ".yaml":
+                options.add(path.stem)
     try:
         stored = config_store().list(group)
     except OSError:  # no option of this group is stored
@@ -80,17 +85,19 @@ def group_listing(group: str) -> tuple[list[str], list[str]]:
     return sorted(options), sorted(subgroups)
 
 
-def _option_line(group: str, option: str, registry) -> str:
-    """One option's description: a registered part's docstring, else its YAML's first comment."""
+def _option_line(group: str, option: str, registry, config_dirs: tuple[str, ...] = ()) -> str:
+    """One option's description: a registered part's docstring, else its YAML's first comment
+    (the YAML Hydra picks: llmlab's own before one of the same name in a ``--config-dir``)."""
     from llmlab.registry import Registry, first_sentence
 
     if registry is not None and option in registry:
         return registry.describe(option)
-    path = conf_dir() / group / f"{option}.yaml"
-    if path.is_file():
-        comment = [line[1:].strip() for line in path.read_text().splitlines()
-                   if line.startswith("#") and not line[1:].strip().startswith("@")]
-        return first_sentence("\n".join(comment))
+    for root in (conf_dir(), *map(Path, config_dirs)):
+        path = root / group / f"{option}.yaml"
+        if path.is_file():
+            comment = [line[1:].strip() for line in path.read_text(errors="replace").splitlines()
+                       if line.startswith("#") and not line[1:].strip().startswith("@")]
+            return first_sentence("\n".join(comment))
     attention = Registry.by_group.get("model/attention")
     if group == "model" and attention is not None and option in attention:
         return f"the tiny model with {option} attention (attention.* settings)"

@@ -160,6 +160,14 @@ def _flag_values(rest: list[str]) -> list[tuple[str, str | None]]:
     return found
 
 
+def config_dirs(rest: list[str]) -> tuple[str, ...]:
+    """The directories ``--config-dir`` adds to where configs are looked up, as given."""
+    import os
+
+    return tuple(os.path.expanduser(value) for flag, value in _flag_values(rest)
+                 if flag == "--config-dir" and value is not None)
+
+
 def check_launch_env(command: str) -> None:
     """torchrun's variables, as a shell may have left them (exported by hand, or from another
     job): each read below with int(), and a world of several ranks needs the rendezvous
@@ -289,7 +297,7 @@ def check_line(command: str, rest: list[str], commands: dict, usage: str) -> Non
 def after_hydra(e: Exception, command: str, rest: list[str]) -> None:
     """One line for what Hydra's app raised, where it is a mistake in the settings (exit 2)
     or a refusal of the file system (exit 1); anything else (a bug) is raised again."""
-    overrides = split_args(rest)[0]
+    overrides = split_args(rest)
     try:  # what Hydra composed, with a sweep's first value of each swept key
         from llmlab.overrides import expand_sweeps, hydra_overrides
         overrides = expand_sweeps(overrides)[0] + hydra_overrides(rest)

@@ -12,12 +12,10 @@ from pathlib import Path
 from llmlab.errors import ConfigError
 from llmlab.names import path_slug
 
-# Hydra flags that take a value, and flags after which no config checking makes sense.
+# Hydra flags that take a value
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                 "--config-dir", "-cd", "--experimental-rerun"}
 _INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-_NO_CHECK_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc",
-                   "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 MAX_CHECKED_COMBINATIONS = 64
 
 
@@ -62,11 +60,9 @@ def _is_hydra_key(arg: str) -> bool:
     return key == "hydra" or key.startswith(("hydra.", "hydra/"))
 
 
-def split_args(args: list[str]) -> tuple[list[str], bool]:
-    """The key=value overrides among Hydra's arguments (Hydra's own settings left out), and
-    whether they should be checked."""
-    check = not any(a in _NO_CHECK_FLAGS or a.split("=")[0] in _NO_CHECK_FLAGS for a in args)
-    return [a for a in _override_args(args) if not _is_hydra_key(a)], check
+def split_args(args: list[str]) -> list[str]:
+    """The key=value overrides among Hydra's arguments, Hydra's own settings left out."""
+    return [a for a in _override_args(args) if not _is_hydra_key(a)]
 
 
 def quote_free_text(arg: str, text_keys: tuple[str, ...] = (), literal_keys: tuple[str, ...] = ()) -> str:
@@ -182,7 +178,7 @@ def name_sweep_runs_by_swept_keys(args: list[str]) -> list[str]:
     fixed overrides go to Hydra's override_dirname exclude list."""
     if not {"-m", "--multirun"} & set(args) or any("override_dirname" in a for a in args):
         return args
-    overrides, _ = split_args(args)
+    overrides = split_args(args)
     parsed = [parse(a) for a in overrides]
     if None in parsed:  # preflight reports bad overrides
         return args
@@ -209,7 +205,7 @@ def name_train_sweep_by_its_overrides(args: list[str]) -> list[str]:
         return args
     import hashlib
 
-    overrides, _ = split_args(args)  # without Hydra's own: hydra.callbacks.report.baseline=... keeps the directory
+    overrides = split_args(args)  # without Hydra's own: hydra.callbacks.report.baseline=... keeps the directory
     digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:6]
     # quoted: the slug keeps '=' and ',', which Hydra's override grammar reads as syntax
     return add_overrides(args, [f"hydra.sweep.dir='outputs/train-sweep/{path_slug('_'.join(overrides), 80)}-{digest}'"])

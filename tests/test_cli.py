@@ -117,6 +117,24 @@ def test_each_commands_help_lists_its_own_groups_and_settings_with_their_comment
         assert foreign not in r.stdout and "hydra:" not in r.stdout, command
 
 
+def test_help_lists_the_options_of_ones_own_config_dir(tmp_path):
+    """``--config-dir DIR`` adds DIR's options to a group, as Hydra composes them: help lists
+    them with their first comment; an option llmlab ships keeps its own line (Hydra picks it)."""
+    mine = tmp_path / "mine" / "model"
+    mine.mkdir(parents=True)
+    (mine / "wide.yaml").write_text("# A wider llama of my own.\ndefaults:\n  - llama\n  - _self_\nd_model: 96\n")
+    (mine / "gpt2.yaml").write_text("# Not the one Hydra picks.\ndefaults:\n  - tiny\n  - _self_\nd_model: 40\n")
+    for flag in (["--config-dir", str(tmp_path / "mine")], [f"-cd={tmp_path / 'mine'}"]):
+        r = check_cli("train", *flag, "--help", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        listed = next(line for line in r.stdout.splitlines() if line.startswith("model: "))
+        assert "wide" in listed.split(": ", 1)[1].split(", ") and "  wide           A wider llama of my own." in r.stdout
+        assert "  gpt2           GPT-2's recipe" in r.stdout and "Not the one" not in r.stdout
+    r = run_cli("train", "--config-dir", str(tmp_path / "mine"), "model=wide", "--cfg", "job", cwd=tmp_path)
+    assert r.returncode == 0 and "d_model: 96" in r.stdout, r.stderr
+    assert "wide" not in check_cli("train", "--help", cwd=tmp_path).stdout
+
+
 def test_cfg_job_shows_the_composed_config(tmp_path):
     r = run_cli("train", "model=gqa", "attention.kv_heads=2", "--cfg", "job", process=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
