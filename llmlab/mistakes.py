@@ -233,14 +233,16 @@ def names_an_unloaded_kind(e: Exception) -> bool:
     loaded: load them (`Registry.load_all`) and say whether the option is there now."""
     from hydra.errors import MissingConfigException
 
-    from llmlab.registry import Registry
+    from llmlab.registry import Registry, config_store
 
     if not isinstance(e, MissingConfigException) or not e.missing_cfg_file or Registry.all_loaded():
         return False
     Registry.load_all()
     group, _, option = e.missing_cfg_file.rpartition("/")
-    registry = Registry.by_group.get(group)
-    return registry is not None and option in registry
+    try:  # a registry's kind, or what registering one stores (``model=mla``: the tiny model with it)
+        return f"{option}.yaml" in config_store().list(group)
+    except OSError:  # no option of the group is stored
+        return False
 
 
 def is_config_error(e: Exception) -> bool:
@@ -334,9 +336,14 @@ def group_options(group: str) -> list[str]:
 
 
 def _with_kinds(group: str, listed) -> list[str]:
-    """``listed`` options of ``group`` with its registry's kinds, those written as one file
-    too (loaded now if not before)."""
-    from llmlab.registry import Registry
+    """``listed`` options of ``group`` with what every kind stores there once registered (its
+    registry's kinds, and options such as ``model=mla``, the tiny model with a kind), those
+    written as one file too: loaded now if not before."""
+    from llmlab.registry import Registry, config_store
 
-    registry = Registry.by_group.get(group)
-    return sorted(set(listed) | set(registry.names() if registry is not None else []))
+    Registry.load_all()
+    try:
+        stored = {name[:-5] for name in config_store().list(group) if name.endswith(".yaml")}
+    except OSError:  # no option of the group is stored
+        stored = set()
+    return sorted(set(listed) | stored)

@@ -333,22 +333,27 @@ class Registry:
     inside another section, as ``norm.kind`` is), ``package`` where the chosen option's
     settings land, and ``kind_key`` the Config field that names the variant.
 
-    A variant's Config is nested in its class (``@REG.register(name)`` stores both), except in
-    families whose classes need torch: there the Config is declared on its own in a module
-    without torch (``@REG.option(name)``) and the class, registered under the same name in
-    ``impl``, is imported only when something is built. So composing or checking a config
-    (``--cfg job``, ``--help``, a mistake's one-line error) imports no torch."""
+    A variant's Config is nested in its class (``@REG.register(name)`` stores both). A family
+    whose classes need torch names the package that holds them (``impl``), imported when a
+    config names one of its kinds, when a part is built, or when every kind is listed. The few
+    kinds the default config is made of declare their Configs on their own in a module without
+    torch (``@REG.option(name)``), their classes registered under the same names in ``impl``,
+    so that composing or checking the default config imports no torch."""
 
     by_group: dict[str, "Registry"] = {}
     every: list["Registry"] = []
 
     def __init__(self, family: str, group: str | None = None, package: str | None = None, kind_key: str = "kind",
-                 impl: str | None = None):
+                 impl: str | None = None, default: str | None = None, watches: bool = False):
         self.family = family
         self.group = group
         self.package = package
         self.kind_key = kind_key
         self.impl = impl
+        # a whole config group declared with its registry (`declared_groups`): the option a run
+        # gets when it names none, and whether its parts only watch a run (out of the run id)
+        self.default = default
+        self.watches = watches
         self._configs: dict[str, type] = {}
         self._entries: dict[str, type] = {}
         self._on_register: list[Callable[[str, type], None]] = []

@@ -1,11 +1,13 @@
-"""The model's schema: every part's Config dataclass, the registries they are options of, and
-`ModelSpec`, the checked whole. No torch here, so composing or checking a config (``llmlab
-train --cfg job``, ``--help``, a mistake's one-line error) imports none: each registry imports
-the module that holds its classes (``impl``) only when a part is built.
+"""The model's schema: the registries of its parts, the sections every kind shares
+(``model``, ``norm``, ``ffn.hidden``), `ModelSpec`, the checked whole, and the Configs of the
+kinds the default model is made of.
 
-A new kind of part is its Config here, declared with ``@REGISTRY.option(name)``, and its
-class in the ``impl`` module, registered with ``@REGISTRY.register(name)``. The file grows by
-a few lines a kind: the whole schema of the network reads in one place.
+Those few (the tiny model's qknorm attention and the gqa it extends, swiglu, rmsnorm, pre-norm,
+rope, clm) are declared here with ``@REGISTRY.option(name)``, without torch, so that composing
+or checking the default config (``llmlab train --cfg job``, a mistake's one-line error: about
+0.5 s) imports none; their classes are registered under the same names in the families'
+packages. Every other kind nests its Config in its class, in its family's package (one file
+for a new kind), and the registry imports that package when a config names one of them.
 """
 
 from __future__ import annotations
@@ -33,26 +35,6 @@ class GQAConfig:
     kv_heads: int = bounded(2, at_least=1)  # key/value heads, each shared by n_heads / kv_heads query heads
 
 
-@ATTENTION.option("mha")
-@dataclass
-class MHAConfig:
-    kind: str = "mha"
-
-
-@ATTENTION.option("mqa")
-@dataclass
-class MQAConfig:
-    kind: str = "mqa"
-
-
-@ATTENTION.option("swa")
-@dataclass
-class SWAConfig:
-    kind: str = "swa"
-    window: Any = width(64, relative_to=("max_seq_len", "d_model"))  # positions each query sees, itself included
-    kv_heads: int | None = bounded(None, at_least=1)  # null: one KV head per query head; set it for grouped-query SWA
-
-
 # the q/k norms' epsilon before it was a setting: a section written then (no ``eps``) keeps it
 QKNORM_OLD_EPS = 1e-6
 
@@ -64,58 +46,6 @@ class QKNormConfig(GQAConfig):
     eps: float | None = bounded(None, above=0)  # the q/k norms' epsilon; null: norm.eps (Qwen3 has one for every norm)
 
 
-@ATTENTION.option("mla")
-@dataclass
-class MLAConfig(Checked):
-    kind: str = "mla"
-    q_rank: Any = width(0, at_least=0)  # 0: no query compression
-    kv_rank: Any = width(96)  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
-    rope_dim: Any = width(32)  # per-head rotary query dims, and the one shared rotary key's
-    nope_dim: Any = width(64)  # per-head query/key dims without position
-    v_dim: Any = width(64)  # per-head value dims
-    absorb: bool = True  # decode in the latent space (W_UK into the query, W_UV into the output)
-
-    def check(self, prefix: str) -> None:
-        if self.rope_dim % 2:
-            raise ConfigError(f"{prefix}.rope_dim: must be even (RoPE rotates pairs), got {self.rope_dim}")
-
-
-@ATTENTION.option("dsa")
-@dataclass
-class DSAConfig(Checked):
-    """DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer scores every earlier key,
-    and each query attends to its ``topk`` best under the ``base`` attention. The base's own
-    settings sit beside: MLA's widths where base=mla, ``kv_heads`` where base=gqa."""
-
-    kind: str = "dsa"
-    base: str = choice("mla", ("mla", "mha", "gqa", "mqa"))  # the attention the indexer selects keys for
-    topk: int = bounded(64, at_least=1)  # keys each query attends to (all earlier ones while there are fewer)
-    index_heads: int = bounded(4, at_least=1)  # the indexer's heads
-    index_dim: int = bounded(32, at_least=2)  # the indexer's query/key width (even: RoPE rotates it); cached per token
-    dense_warmup: int = bounded(100, at_least=0)  # training steps of dense attention while the indexer learns to follow it
-    index_weight: float = bounded(1.0, above=0)  # weight of the indexer's KL loss (it trains the indexer alone)
-    kv_heads: int = bounded(2, at_least=1)  # base=gqa: key/value heads
-    q_rank: Any = width(0, at_least=0)  # base=mla: as attention=mla's settings
-    kv_rank: Any = width(96)
-    rope_dim: Any = width(32)
-    nope_dim: Any = width(64)
-    v_dim: Any = width(64)
-    absorb: bool = True
-
-    def check(self, prefix: str) -> None:
-        if self.index_dim % 2:
-            raise ConfigError(f"{prefix}.index_dim: must be even (RoPE rotates pairs), got {self.index_dim}")
-        if self.base == "mla":
-            self.base_config().check(prefix)
-
-    def base_config(self) -> Any:
-        """The base attention's own Config."""
-        if self.base == "mla":
-            return MLAConfig(q_rank=self.q_rank, kv_rank=self.kv_rank, rope_dim=self.rope_dim, nope_dim=self.nope_dim,
-                             v_dim=self.v_dim, absorb=self.absorb)
-        return {"mha": MHAConfig, "mqa": MQAConfig}[self.base]() if self.base != "gqa" else GQAConfig(kv_heads=self.kv_heads)
-
-
 # ---- feed-forward (model/ffn=..., settings ffn.*) ----
 
 @dataclass
@@ -124,51 +54,10 @@ class FFNConfig:
     hidden: Any = width(None)  # hidden width; null: the kind's default (4d; 8/3 d rounded to 64 for swiglu)
 
 
-@FFN.option("gelu")
-@dataclass
-class GeluConfig(FFNConfig):
-    kind: str = "gelu"
-
-
-@FFN.option("gelu_tanh")
-@dataclass
-class GeluTanhConfig(FFNConfig):
-    kind: str = "gelu_tanh"
-
-
-@FFN.option("relu2")
-@dataclass
-class ReluSquaredConfig(FFNConfig):
-    kind: str = "relu2"
-
-
 @FFN.option("swiglu")
 @dataclass
 class SwiGLUConfig(FFNConfig):
     kind: str = "swiglu"
-
-
-@FFN.option("geglu")
-@dataclass
-class GeGLUConfig(FFNConfig):
-    kind: str = "geglu"
-
-
-@FFN.option("moe")
-@dataclass
-class MoEConfig(FFNConfig, Checked):
-    """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
-
-    kind: str = "moe"
-    n_experts: int = bounded(8, at_least=1)
-    top_k: int = bounded(2, at_least=1)
-    shared_experts: int = bounded(0, at_least=0)  # always-on experts beside the routed ones (DeepSeekMoE)
-    jitter: float = bounded(0.0, at_least=0, below=1)  # router input multiplied by U(1 - jitter, 1 + jitter) in training
-    balance_coef: float = bounded(0.01, at_least=0)  # weight of the Switch load-balancing loss (per MoE layer)
-
-    def check(self, prefix: str) -> None:
-        if self.top_k > self.n_experts:
-            raise ConfigError(f"{prefix}.top_k: must be in [1, {prefix}.n_experts={self.n_experts}], got {self.top_k}")
 
 
 # ---- norms (norm.kind) and their placement (norm=pre|post) ----
@@ -177,12 +66,6 @@ class MoEConfig(FFNConfig, Checked):
 @dataclass
 class RMSNormConfig:
     kind: str = "rmsnorm"
-
-
-@NORM.option("layernorm")
-@dataclass
-class LayerNormConfig:
-    kind: str = "layernorm"
 
 
 @dataclass
@@ -205,20 +88,7 @@ class PreNormConfig(NormConfig):
     placement: str = "pre"
 
 
-@BLOCK.option("post")
-@dataclass
-class PostNormConfig(NormConfig):  # Vaswani et al. 2017, section 3.1
-    placement: str = "post"
-    kind: str = "layernorm"
-
-
 # ---- position (pos=...) ----
-
-@POSITION.option("none")
-@dataclass
-class NoPositionConfig:
-    kind: str = "none"
-
 
 @POSITION.option("rope")
 @dataclass
@@ -227,37 +97,12 @@ class RoPEConfig:
     theta: float = bounded(10000.0, above=1)  # the base of the rotation frequencies
 
 
-@POSITION.option("sinusoidal")
-@dataclass
-class SinusoidalConfig:
-    kind: str = "sinusoidal"
-
-
-@POSITION.option("learned")
-@dataclass
-class LearnedConfig:
-    kind: str = "learned"
-
-
 # ---- objective (objective=...) ----
 
 @OBJECTIVE.option("clm")
 @dataclass
 class CausalLMConfig:
     kind: str = "clm"
-
-
-@OBJECTIVE.option("mlm")
-@dataclass
-class MaskedLMConfig(Checked):
-    kind: str = "mlm"
-    mask_prob: float = bounded(0.15, above=0, below=1)
-    mask_replace: float = bounded(0.8, at_least=0)
-    random_replace: float = bounded(0.1, at_least=0)
-
-    def check(self, prefix: str) -> None:
-        if self.mask_replace + self.random_replace > 1:
-            raise ConfigError(f"{prefix}.mask_replace + {prefix}.random_replace: must be within [0, 1]")
 
 
 # ---- the model section and the whole ----

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -20,6 +22,10 @@ class RMSNorm(nn.RMSNorm):
 @NORM.register("layernorm")
 class LayerNorm(nn.LayerNorm):
     """Ba et al. 2016."""
+
+    @dataclass
+    class Config:
+        kind: str = "layernorm"
 
     def __init__(self, cfg: NormConfig, d_model: int):
         super().__init__(d_model, eps=cfg.eps)

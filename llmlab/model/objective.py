@@ -3,9 +3,13 @@ inputs and targets, and whether attention may look ahead."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from llmlab.errors import ConfigError
 from llmlab.model.config import OBJECTIVE
+from llmlab.registry import Checked, bounded
 IGNORE = -100  # targets with this id carry no loss
 
 
@@ -37,6 +41,17 @@ class MaskedLM(Objective):
     """BERT's masked LM (Devlin et al. 2019, section 3.1, task 1). Of the tokens chosen with
     probability ``mask_prob``, ``mask_replace`` become [MASK] (id = vocab_size),
     ``random_replace`` a random token, and the rest stay; only chosen tokens carry loss."""
+
+    @dataclass
+    class Config(Checked):
+        kind: str = "mlm"
+        mask_prob: float = bounded(0.15, above=0, below=1)
+        mask_replace: float = bounded(0.8, at_least=0)
+        random_replace: float = bounded(0.1, at_least=0)
+
+        def check(self, prefix: str) -> None:
+            if self.mask_replace + self.random_replace > 1:
+                raise ConfigError(f"{prefix}.mask_replace + {prefix}.random_replace: must be within [0, 1]")
 
     causal = False
 

@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from llmlab.model.ffn import MoE, MoEConfig, SwiGLU, SwiGLUConfig
+from llmlab.model.ffn import MoE, SwiGLU
 from tests.conftest import tiny_model
 
 
 def moe(n_experts=4, top_k=2, **kw) -> MoE:
     torch.manual_seed(0)
-    return MoE(MoEConfig(hidden=32, n_experts=n_experts, top_k=top_k, **kw), 16, False)
+    return MoE(MoE.Config(hidden=32, n_experts=n_experts, top_k=top_k, **kw), 16, False)
 
 
 def test_each_token_reaches_exactly_top_k_distinct_experts():
@@ -33,7 +33,7 @@ def test_output_is_the_weighted_sum_of_the_chosen_experts():
 
 def test_one_expert_top_1_is_a_plain_ffn():
     layer = moe(n_experts=1, top_k=1)
-    plain = SwiGLU(SwiGLUConfig(hidden=32), 16, False)
+    plain = SwiGLU(SwiGLU.Config(hidden=32), 16, False)
     plain.load_state_dict(layer.experts[0].state_dict())
     x = torch.randn(3, 5, 16)
     assert torch.allclose(layer(x), plain(x), atol=1e-6)

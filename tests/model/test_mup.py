@@ -10,7 +10,7 @@ import torch
 from llmlab.model.config import ModelSpec
 from llmlab.model.transformer import Transformer
 from llmlab.train.optim import build_optimizer
-from llmlab.train.optim_config import AdamWConfig
+from llmlab.train.optim import AdamW
 
 WIDTHS = (32, 64, 128, 256)
 STEPS = 5
@@ -34,7 +34,7 @@ def coordinates(width: int, parametrization: str, lr: float = 1e-2) -> list[dict
         block.attn.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"attn{i}", out[0].abs().mean().item()))
         block.ffn.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"ffn{i}", out.abs().mean().item()))
         block.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"block{i}", out[0].abs().mean().item()))
-    opt = build_optimizer(AdamWConfig(lr=lr, weight_decay=0.0), model, torch.device("cpu"))
+    opt = build_optimizer(AdamW.Config(lr=lr, weight_decay=0.0), model, torch.device("cpu"))
     batch = torch.randint(0, 256, (8, 65), generator=torch.Generator().manual_seed(1))
     out = []
     for _ in range(STEPS):
@@ -79,7 +79,7 @@ def test_mup_at_its_base_width_is_the_standard_model():
 
 def test_mup_scales_the_learning_rate_and_init_of_hidden_matrices_only():
     model = Transformer(spec(128, "mup", base=32))  # width_mult 4
-    opt = build_optimizer(AdamWConfig(lr=1e-2, weight_decay=0.1), model, torch.device("cpu"))
+    opt = build_optimizer(AdamW.Config(lr=1e-2, weight_decay=0.1), model, torch.device("cpu"))
     lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     hidden = model.hidden_matrices()
     assert hidden and all(lr_of[id(p)] == pytest.approx(1e-2 / 4) for p in hidden)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from llmlab.model import flex, ring
 from llmlab.model.cache import KVCache, RollingKVCache
 from llmlab.model.ring import ring_attention
 from llmlab.model.config import ATTENTION
+from llmlab.registry import bounded, width
 from llmlab.model.norm import normed
 from llmlab.model.position import PositionView, RotaryAngles
 
@@ -344,6 +347,10 @@ class GQA(GroupedQueryAttention):
 class MHA(GroupedQueryAttention):
     """Vaswani et al. 2017: one key/value head per query head."""
 
+    @dataclass
+    class Config:
+        kind: str = "mha"
+
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
         return n_heads
@@ -352,6 +359,10 @@ class MHA(GroupedQueryAttention):
 @ATTENTION.register("mqa")
 class MQA(GroupedQueryAttention):
     """Shazeer 2019: a single key/value head shared by all query heads."""
+
+    @dataclass
+    class Config:
+        kind: str = "mqa"
 
     @staticmethod
     def kv_heads_for(cfg, n_heads: int) -> int:
@@ -363,6 +374,12 @@ class SlidingWindowAttention(GroupedQueryAttention):
     """Causal attention to the last ``window`` positions only (Child et al. 2019; Beltagy et
     al. 2020, Longformer; Mistral 7B). Works with any ``kv_heads`` (null: one per head). The
     decode cache is a rolling buffer of ``window`` positions, so its memory stays bounded."""
+
+    @dataclass
+    class Config:
+        kind: str = "swa"
+        window: Any = width(64, relative_to=("max_seq_len", "d_model"))  # positions each query sees, itself included
+        kv_heads: int | None = bounded(None, at_least=1)  # null: one KV head per query head; set it for grouped-query SWA
 
     test_settings = {"window": 5, "kv_heads": 2}
     context_parallel = False  # a window across slices is not written yet

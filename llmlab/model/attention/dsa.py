@@ -4,12 +4,17 @@ under a base attention (MLA, as DeepSeek does, or the GQA family)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmlab.errors import ConfigError
 from llmlab.model.attention import ATTENTION, Attention, attention_mask
 from llmlab.model.cache import IndexedCache
+from llmlab.registry import Checked, bounded, choice, width
 
 
 class LightningIndexer(nn.Module):
@@ -80,6 +85,41 @@ class DeepSeekSparseAttention(Attention):
     Decoding caches the indexer's key beside the base's cache; each new query scores every
     cached key and its base attends to the gathered top-k only.
     """
+
+    @dataclass
+    class Config(Checked):
+        """DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer scores every earlier key,
+        and each query attends to its ``topk`` best under the ``base`` attention. The base's own
+        settings sit beside: MLA's widths where base=mla, ``kv_heads`` where base=gqa."""
+
+        kind: str = "dsa"
+        base: str = choice("mla", ("mla", "mha", "gqa", "mqa"))  # the attention the indexer selects keys for
+        topk: int = bounded(64, at_least=1)  # keys each query attends to (all earlier ones while there are fewer)
+        index_heads: int = bounded(4, at_least=1)  # the indexer's heads
+        index_dim: int = bounded(32, at_least=2)  # the indexer's query/key width (even: RoPE rotates it); cached per token
+        dense_warmup: int = bounded(100, at_least=0)  # training steps of dense attention while the indexer learns to follow it
+        index_weight: float = bounded(1.0, above=0)  # weight of the indexer's KL loss (it trains the indexer alone)
+        kv_heads: int = bounded(2, at_least=1)  # base=gqa: key/value heads
+        q_rank: Any = width(0, at_least=0)  # base=mla: as attention=mla's settings
+        kv_rank: Any = width(96)
+        rope_dim: Any = width(32)
+        nope_dim: Any = width(64)
+        v_dim: Any = width(64)
+        absorb: bool = True
+
+        def check(self, prefix: str) -> None:
+            if self.index_dim % 2:
+                raise ConfigError(f"{prefix}.index_dim: must be even (RoPE rotates pairs), got {self.index_dim}")
+            if self.base == "mla":
+                self.base_config().check(prefix)
+
+        def base_config(self) -> Any:
+            """The base attention's own Config."""
+            base = ATTENTION.config_of(self.base)
+            if self.base == "mla":
+                return base(q_rank=self.q_rank, kv_rank=self.kv_rank, rope_dim=self.rope_dim, nope_dim=self.nope_dim,
+                            v_dim=self.v_dim, absorb=self.absorb)
+            return base(kv_heads=self.kv_heads) if self.base == "gqa" else base()
 
     aux_name = "indexer"
     context_parallel = False  # the indexer ranks every earlier key, which a slice does not hold

@@ -4,13 +4,17 @@ rebuilt from a small shared latent, which is all the decode cache holds."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from llmlab.errors import ConfigError
 from llmlab.model.attention import ATTENTION, Attention
 from llmlab.model.cache import LatentCache
 from llmlab.model.norm import normed
+from llmlab.registry import Checked, width
 
 
 @ATTENTION.register("mla")
@@ -25,6 +29,20 @@ class MultiHeadLatentAttention(Attention):
     With ``absorb`` (decoding), W_UK is folded into the query and W_UV into the output, so
     attention runs in the latent space without expanding the cached keys (section 2.1.2).
     """
+
+    @dataclass
+    class Config(Checked):
+        kind: str = "mla"
+        q_rank: Any = width(0, at_least=0)  # 0: no query compression
+        kv_rank: Any = width(96)  # the shared latent's width; the cache holds kv_rank + rope_dim per token and layer
+        rope_dim: Any = width(32)  # per-head rotary query dims, and the one shared rotary key's
+        nope_dim: Any = width(64)  # per-head query/key dims without position
+        v_dim: Any = width(64)  # per-head value dims
+        absorb: bool = True  # decode in the latent space (W_UK into the query, W_UV into the output)
+
+        def check(self, prefix: str) -> None:
+            if self.rope_dim % 2:
+                raise ConfigError(f"{prefix}.rope_dim: must be even (RoPE rotates pairs), got {self.rope_dim}")
 
     test_settings = {"q_rank": 12, "kv_rank": 16, "rope_dim": 4, "nope_dim": 8, "v_dim": 8}
 

@@ -6,6 +6,8 @@ this package: its class, registered with ``@BLOCK.register(name)``, holding a ne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 from llmlab.model.config import BLOCK, NORM, NormConfig
@@ -47,6 +49,11 @@ class PreNormBlock(Block):
 @BLOCK.register("post")
 class PostNormBlock(Block):
     """Post-norm: norm(x + f(x)) after each residual add, as in the original Transformer."""
+
+    @dataclass
+    class Config(NormConfig):  # Vaswani et al. 2017, section 3.1
+        placement: str = "post"
+        kind: str = "layernorm"
 
     final_norm = False
 

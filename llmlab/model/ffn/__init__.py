@@ -11,11 +11,15 @@ A new kind can be one file in this package: its class, registered with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmlab.model.config import FFN, FFNConfig, MoEConfig, SwiGLUConfig
+from llmlab.errors import ConfigError
+from llmlab.model.config import FFN, FFNConfig, SwiGLUConfig
+from llmlab.registry import Checked, bounded
 
 
 def round_up(n: float, multiple: int) -> int:
@@ -78,6 +82,10 @@ class TwoMatrixFFN(FeedForward):
 class GeluFFN(TwoMatrixFFN):
     """The GPT-2 / BERT MLP with the exact (erf) GELU of Hendrycks & Gimpel 2016."""
 
+    @dataclass
+    class Config(FFNConfig):
+        kind: str = "gelu"
+
     approximate = "none"
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
@@ -89,12 +97,20 @@ class GeluTanhFFN(GeluFFN):
     """The same MLP with GELU's tanh approximation, as the original GPT-2 code has it
     (``gelu_new`` in transformers). About 3x the cost of the exact GELU on a CPU."""
 
+    @dataclass
+    class Config(FFNConfig):
+        kind: str = "gelu_tanh"
+
     approximate = "tanh"
 
 
 @FFN.register("relu2")
 class ReluSquaredFFN(TwoMatrixFFN):
     """Squared ReLU (So et al. 2021, Primer, section 4)."""
+
+    @dataclass
+    class Config(FFNConfig):
+        kind: str = "relu2"
 
     def activation(self, h: torch.Tensor) -> torch.Tensor:
         return F.relu(h).square()
@@ -130,6 +146,10 @@ class SwiGLU(FeedForward):
 class GeGLU(SwiGLU):
     """GEGLU (Shazeer 2020): down(gelu(gate(x)) * up(x)) with the tanh GELU, as in Gemma."""
 
+    @dataclass
+    class Config(FFNConfig):
+        kind: str = "geglu"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
 
@@ -143,11 +163,26 @@ class MoE(FeedForward):
     its slice of tokens, so the only Python loop is over experts.
     """
 
+    @dataclass
+    class Config(FFNConfig, Checked):
+        """``model/ffn=moe``: routed SwiGLU experts; ``hidden`` is each expert's width."""
+
+        kind: str = "moe"
+        n_experts: int = bounded(8, at_least=1)
+        top_k: int = bounded(2, at_least=1)
+        shared_experts: int = bounded(0, at_least=0)  # always-on experts beside the routed ones (DeepSeekMoE)
+        jitter: float = bounded(0.0, at_least=0, below=1)  # router input multiplied by U(1 - jitter, 1 + jitter) in training
+        balance_coef: float = bounded(0.01, at_least=0)  # weight of the Switch load-balancing loss (per MoE layer)
+
+        def check(self, prefix: str) -> None:
+            if self.top_k > self.n_experts:
+                raise ConfigError(f"{prefix}.top_k: must be in [1, {prefix}.n_experts={self.n_experts}], got {self.top_k}")
+
     sparse = True
     aux_name = "moe"
     test_settings = {"n_experts": 4, "top_k": 2, "shared_experts": 1}
 
-    def __init__(self, cfg: MoEConfig, d_model: int, bias: bool):
+    def __init__(self, cfg: "MoE.Config", d_model: int, bias: bool):
         super().__init__()
         self.cfg = cfg
         expert = SwiGLUConfig(hidden=cfg.hidden)  # ``hidden`` is each expert's width

@@ -13,6 +13,7 @@ its class, registered with ``@POSITION.register(name)``, holding a nested ``Conf
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -170,6 +171,10 @@ class Position(nn.Module):
 class NoPosition(Position):
     """No position signal: causal masking alone tells order (NoPE)."""
 
+    @dataclass
+    class Config:
+        kind: str = "none"
+
 @POSITION.register("rope")
 class RoPE(Position):
     """Rotary position embedding (Su et al. 2021): rotates q and k per head."""
@@ -201,6 +206,10 @@ def sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 class Sinusoidal(Position):
     """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017)."""
 
+    @dataclass
+    class Config:
+        kind: str = "sinusoidal"
+
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x + sinusoid_table(positions, self.d_model).to(x.dtype)
 
@@ -208,6 +217,10 @@ class Sinusoidal(Position):
 @POSITION.register("learned")
 class Learned(Position):
     """A learned table of model.max_seq_len positions added to the embeddings (GPT-2)."""
+
+    @dataclass
+    class Config:
+        kind: str = "learned"
 
     def __init__(self, cfg, d_model: int, max_seq_len: int):
         super().__init__(cfg, d_model, max_seq_len)

@@ -5,11 +5,15 @@ its class, registered with ``@OPTIMIZER.register(name)``, holding a nested ``Con
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from llmlab.train.optim_config import OPTIMIZER
+from llmlab.errors import ConfigError
+from llmlab.registry import Checked, bounded
+from llmlab.train.optim_config import OPTIMIZER, check_torch_has
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
@@ -45,6 +49,17 @@ class OptimizerKind:
 class AdamW(OptimizerKind, torch.optim.AdamW):
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay; norms, biases and embeddings are not decayed."""
 
+    @dataclass
+    class Config:
+        mup: ClassVar[bool] = True  # Adam's update is scale-free per coordinate: muP's Adam rules hold (model.parametrization=mup)
+        kind: str = "adamw"
+        lr: float = bounded(3e-3, above=0)  # peak learning rate; the schedule scales it
+        beta1: float = bounded(0.9, at_least=0, below=1)
+        beta2: float = bounded(0.95, at_least=0, below=1)
+        eps: float = bounded(1e-8, above=0)
+        weight_decay: float = bounded(0.1, at_least=0)
+        decay_embeddings: bool = False
+
     def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
         super().__init__(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **adamw_kernel(groups, device))
@@ -63,6 +78,19 @@ def adamw_kernel(groups: list[dict], device: torch.device) -> dict:
 @OPTIMIZER.register("sgd")
 class SGD(OptimizerKind, torch.optim.SGD):
     """Stochastic gradient descent with (Nesterov) momentum; decay as for AdamW."""
+
+    @dataclass
+    class Config(Checked):
+        kind: str = "sgd"
+        lr: float = bounded(0.1, above=0)
+        momentum: float = bounded(0.9, at_least=0, below=1)
+        nesterov: bool = True
+        weight_decay: float = bounded(0.0, at_least=0)
+        decay_embeddings: bool = False
+
+        def check(self, prefix: str) -> None:
+            if self.nesterov and self.momentum == 0:
+                raise ConfigError(f"{prefix}.nesterov: needs {prefix}.momentum > 0")
 
     def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
@@ -99,6 +127,16 @@ class LionOptimizer(torch.optim.Optimizer):
 class Lion(OptimizerKind, LionOptimizer):
     """Lion (Chen et al. 2023): sign updates; use a 3-10x smaller lr and larger decay than AdamW (section 5)."""
 
+    @dataclass
+    class Config:
+        mup: ClassVar[bool] = True  # a sign update: scale-free per coordinate, as Adam's
+        kind: str = "lion"
+        lr: float = bounded(3e-4, above=0)
+        beta1: float = bounded(0.9, at_least=0, below=1)
+        beta2: float = bounded(0.99, at_least=0, below=1)
+        weight_decay: float = bounded(1.0, at_least=0)
+        decay_embeddings: bool = False
+
     test_settings = {"lr": 1e-3}
 
     def __init__(self, cfg, model: nn.Module, device: torch.device):
@@ -111,6 +149,18 @@ class Lion(OptimizerKind, LionOptimizer):
 class Adafactor(OptimizerKind, getattr(torch.optim, "Adafactor", torch.optim.Optimizer)):
     """Adafactor (Shazeer & Stern 2018): second moments of a matrix kept as a row and a column
     factor, so its state grows with rows + columns, not rows x columns (torch.optim.Adafactor)."""
+
+    @dataclass
+    class Config(Checked):
+        kind: str = "adafactor"
+        lr: float = bounded(1e-2, above=0)  # peak learning rate; the schedule scales it
+        beta2_decay: float = bounded(-0.8, at_most=0)  # the second moment's decay at step t is 1 - t^beta2_decay
+        eps: float = bounded(1e-3, at_least=0)  # updates are clipped relative to max(eps, RMS of the parameter)
+        weight_decay: float = bounded(0.0, at_least=0)
+        decay_embeddings: bool = False
+
+        def check(self, prefix: str) -> None:
+            check_torch_has("Adafactor", "2.5", prefix)
 
     def __init__(self, cfg, model: nn.Module, device: torch.device):
         groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)

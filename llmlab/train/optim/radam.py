@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from llmlab.registry import bounded
-from llmlab.train.optim import OptimizerKind, param_groups
-from llmlab.train.optim_config import OPTIMIZER, AdamWConfig
+from llmlab.train.optim import AdamW, OptimizerKind, param_groups
+from llmlab.train.optim_config import OPTIMIZER
 
 
 @OPTIMIZER.register("radam")
@@ -19,7 +19,7 @@ class RAdam(OptimizerKind, torch.optim.RAdam):
     (section 4), with decoupled weight decay; norms, biases and embeddings are not decayed."""
 
     @dataclass
-    class Config(AdamWConfig):  # AdamW's settings, with Adam's usual beta2
+    class Config(AdamW.Config):  # AdamW's settings, with Adam's usual beta2
         kind: str = "radam"
         beta2: float = bounded(0.999, at_least=0, below=1)
 
