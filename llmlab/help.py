@@ -46,8 +46,11 @@ def command_help(command: str, config_dirs: tuple[str, ...] = ()) -> str:
 
 def command_groups(command: str) -> list[str]:
     """The config groups a command composes, as its YAML's defaults list picks them, each
-    followed by its subgroups (``model``, ``model/attention``, ``model/ffn``)."""
+    followed by its subgroups (``model``, ``model/attention``, ``model/ffn``), then the groups
+    declared with their registries (`llmlab.registry.declared_groups`)."""
     import yaml
+
+    from llmlab.commands import command_of
 
     doc = yaml.safe_load((conf_dir() / f"{command}.yaml").read_text()) or {}
     groups = []
@@ -57,7 +60,7 @@ def command_groups(command: str) -> list[str]:
                 group = str(key).split("@")[0].lstrip("/")
                 if not str(key).startswith("override"):
                     groups += [group] + [f"{group}/{sub}" for sub in group_listing(group)[1]]
-    return groups
+    return groups + [registry.group for registry in command_of(command).groups]
 
 
 def group_listing(group: str, config_dirs: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:

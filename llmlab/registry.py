@@ -499,3 +499,42 @@ def discover(package: str, path: Any) -> None:
     for info in pkgutil.iter_modules(path):
         if not info.name.startswith("_"):
             importlib.import_module(f"{package}.{info.name}")
+
+
+def declared_groups(package: str) -> tuple["Registry", ...]:
+    """The config groups declared under ``package``: each subpackage's ``__init__`` declares one
+    `Registry` with its ``default`` option (and finds its kinds, `discover`), so a whole new
+    group is that one package. Imported in name order; a subpackage that declares no such
+    registry is a mistake of the tree, said as one."""
+    import importlib
+    import pkgutil
+
+    found = []
+    for info in sorted(pkgutil.iter_modules(importlib.import_module(package).__path__), key=lambda i: i.name):
+        if not info.ispkg or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        declared = [v for v in vars(module).values() if isinstance(v, Registry) and v.group == info.name]
+        if len(declared) != 1 or declared[0].default is None:
+            raise TypeError(f"{package}.{info.name} must declare one Registry with group='{info.name}' and its default "
+                            "option (Registry(..., group=..., default=...))")
+        found.append(declared[0])
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def with_groups(schema: type, groups: tuple["Registry", ...], for_hydra: bool = False) -> type:
+    """``schema`` with a section for each declared group (`declared_groups`), checked by the
+    group's registry like every section. ``for_hydra``: the node stored in Hydra's ConfigStore,
+    whose defaults list picks each group's default option (after the schema's own fields, so
+    the option's settings fill its section); the command line picks another as for any group."""
+    if not groups:
+        return schema
+    fields = [(r.group, Any, section()) for r in groups]
+    if for_hydra:
+        picks = ["_self_", *({f"/{r.group}": r.default} for r in groups)]
+        fields.append(("defaults", list, dataclasses.field(default_factory=lambda: list(picks))))
+    extended = dataclasses.make_dataclass(schema.__name__, fields, bases=(schema,))
+    extended.__module__, extended.__doc__ = schema.__module__, schema.__doc__
+    return extended
+

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from llmlab.registry import Registry, parse_dataclass, settings_lines, store_schema
+from llmlab.registry import Registry, parse_dataclass, settings_lines, store_schema, with_groups
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,9 @@ class Command:
     by its registry into that kind's typed Config (None stays None); ``run(job, run_dir)`` the
     body. ``resolve`` replaces the default resolution (``train`` builds a `TrainJob`),
     ``help_lines`` the default ``--help`` settings (the schema's fields and comments), and
-    ``check_overrides`` checks a resolved job against its overrides before any work starts."""
+    ``check_overrides`` checks a resolved job against its overrides before any work starts.
+    ``groups``: whole config groups declared with their registries (`declared_groups`): each
+    adds its section to the schema and its default option to what Hydra composes."""
 
     name: str
     schema: type
@@ -29,9 +31,10 @@ class Command:
     # (job, the job's command-line overrides): a check that needs what the user wrote, not only
     # the composed result (``train init=``: a setting that contradicts the source)
     check_overrides: Callable[[Any, list[str]], None] | None = None
+    groups: tuple[Registry, ...] = ()
 
     def __post_init__(self) -> None:
-        store_schema(self.name, self.schema)
+        store_schema(self.name, with_groups(self.schema, self.groups, for_hydra=True))
 
     def job(self, cfg: Mapping[str, Any]) -> Any:
         """The composed config, checked and typed once: what ``run`` receives."""

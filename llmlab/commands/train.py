@@ -4,7 +4,7 @@ run of the sweep (llmlab.train.sweep)."""
 from pathlib import Path
 
 from llmlab.commands import Command
-from llmlab.train.settings import TrainConfig, TrainJob, check_train_config
+from llmlab.train.settings import GROUPS, TrainConfig, TrainJob, check_train_config
 
 
 def help_settings() -> list[str]:
@@ -39,5 +39,5 @@ def check_init_overrides(job: TrainJob, overrides: list[str]) -> None:
 
 
 COMMAND = Command("train", TrainConfig, run, resolve=check_train_config, help_lines=help_settings,
-                  check_overrides=check_init_overrides)
+                  check_overrides=check_init_overrides, groups=GROUPS)
 SCHEMA = COMMAND.schema

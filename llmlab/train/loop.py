@@ -48,7 +48,7 @@ from llmlab.train.optim import build_optimizer
 from llmlab.train.schedule import SCHEDULE
 from llmlab.train.parts import Parts, RunData
 from llmlab.train.resume import RunRecord
-from llmlab.train.settings import TrainJob, check_train_config
+from llmlab.train.settings import GROUPS, TrainJob, check_train_config
 from llmlab.train.state import Progress, RankRandom
 from llmlab.train.stopping import StopPolicy, check_finite, how_to_continue
 
@@ -291,7 +291,8 @@ class Trainer:
             ema=WeightAverage(model, loop.ema) if loop.ema else None,  # from the weights it starts with
             evaluator=Evaluator(data.val_tokens, data.seq_len, loop, amp, distiller, data.tokenizer,
                                 data.bytes_per_token_val, job.seed, device,
-                                task_files(loop.eval_tasks, "train.eval_tasks")))
+                                task_files(loop.eval_tasks, "train.eval_tasks")),
+            declared={r.group: r.build(job.declared[r.group], model, data) for r in GROUPS})
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -474,6 +475,8 @@ class Trainer:
                   "train/tokens": self.parts.progress.tokens_seen, "perf/tokens_per_s": tok_s, "perf/mfu": flops / self.peak.flops,
                   **({"perf/other_load": load} if load is not None else {}),
                   **{f"perf/{k}": v for k, v in memory_stats(self.device).items()}, **closed["extra"]}
+        for group, part in self.parts.declared.items():  # declared groups' figures (probe=...), off the clock
+            record.update({f"{group}/{k}": v for k, v in window.pause(part.measure, done).items()})
         check_finite(record["train/loss"], done, ckpt)
         before = []  # the last SPIKE_WINDOW train losses, newest last (not the whole history each log step)
         for r in reversed(history.records):

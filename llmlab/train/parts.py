@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -108,13 +108,18 @@ class Parts:
     distiller: Any = slot(Slot("ranks", "distill_rng_by_rank", "distillation state"), default=None)
     ema: Any = None  # the weights' moving average (`WeightAverage`), or None: saved as its own file
     evaluator: Any = None  # `llmlab.train.evaluation.Evaluator`
+    declared: Mapping[str, Any] = field(default_factory=dict)  # the parts of declared groups (`llmlab.train.groups`), by group
 
     def stateful(self) -> Iterator[tuple[str, Any, Slot]]:
-        """(name, part, slot) of each part present that a checkpoint holds, in field order."""
+        """(name, part, slot) of each part present that a checkpoint holds, in field order, then
+        the declared groups' parts that have a state, each in trainer.pt under its group."""
         for f in dataclasses.fields(self):
             part = getattr(self, f.name)
             if part is not None and "slot" in f.metadata:
                 yield f.name, part, f.metadata["slot"]
+        for name, part in self.declared.items():
+            if hasattr(part, "state_dict") and hasattr(part, "load_state_dict"):
+                yield name, part, Slot("trainer", name, f"{name} state")
 
     def checkpointed(self, dist: Any) -> list[tuple[str, Any, Slot]]:
         """(name, what saves and loads it, slot) of each part a checkpoint of this run holds."""

@@ -14,11 +14,14 @@ from llmlab.data.tokenizer import TOKENIZER
 from llmlab.errors import ConfigError
 from llmlab.model.config import ModelSpec
 from llmlab.names import DEFAULT_STEPS, parse_flops, run_id
-from llmlab.registry import INT64, Checked, bounded, choice, parse_dataclass, section
+from llmlab.registry import INT64, Checked, bounded, choice, declared_groups, parse_dataclass, section, with_groups
 from llmlab.train.device import PRECISIONS
 from llmlab.train.loggers import LOGGER
 from llmlab.train.optim_config import OPTIMIZER
 from llmlab.train.schedule import SCHEDULE
+
+#: the whole config groups declared as packages under llmlab/train/groups (``probe``...)
+GROUPS = declared_groups("llmlab.train.groups")
 
 HEAD_LOSS = ("auto", "fused", "plain")  # train.head_loss
 
@@ -166,10 +169,19 @@ class TrainJob:
     config: Mapping[str, Any]
     init: Any = None  # init=: the `llmlab.train.init.InitSource` the weights come from
     composed: Mapping[str, Any] | None = None  # with init=: the config as composed, before the source's sections replaced its own
+    declared: Mapping[str, Any] = field(default_factory=dict)  # each declared group's typed Config (`GROUPS`), by section
 
     @property
     def run_id(self) -> str:
-        return run_id(self.config)
+        """What the run trains, hashed: a declared group's section stays out where its parts
+        only watch the run, or where it is the group's default (so a group added later leaves
+        every earlier run's id, and its resume, as it was)."""
+        kept = dict(self.config)
+        for registry in GROUPS:
+            name = registry.group
+            if registry.watches or self.declared.get(name) == registry.config_of(registry.default)():
+                kept.pop(name, None)
+        return run_id(kept)
 
     def with_logger_group(self, group: str) -> "TrainJob":
         """The job with ``logger.group`` set (a sweep's jobs share one group), in both its
@@ -184,14 +196,18 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     device, so size constraints between parts (heads and kv_heads, say) fail here rather than
     after data preparation."""
     cfg = {k: v for k, v in cfg.items() if k != "hydra"}
-    top = parse_dataclass(TrainConfig, cfg, "")
+    schema = with_groups(TrainConfig, GROUPS)
+    top = parse_dataclass(schema, cfg, "")
     source, composed = None, None
     if top.init:  # the source's network and tokenizer replace the composed ones (`llmlab.train.init`)
         from llmlab.train.init import init_source, with_init
 
         source, composed = init_source(top.init), cfg
         cfg = with_init(cfg, source)
-        top = parse_dataclass(TrainConfig, cfg, "")
+        top = parse_dataclass(schema, cfg, "")
+    # a run's settings written before a group existed have no section of it: the group's default
+    declared = {r.group: (r.config(getattr(top, r.group), r.group) if getattr(top, r.group) is not None
+                          else r.config_of(r.default)()) for r in GROUPS}
     tokenizer = TOKENIZER.config(top.tokenizer, "tokenizer")
     # the real vocabulary is known after tokenizing; the tokenizer's planned size stands in for the checks
     vocab = source.spec["vocab_size"] if source else TOKENIZER.get(tokenizer.kind).planned_vocab(tokenizer)
@@ -236,7 +252,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
     return TrainJob(seed=top.seed, device=top.device, precision=top.precision, cache_dir=top.cache_dir,
                     data=data, tokenizer=tokenizer, spec=spec, optim=optim, sched=sched, logger=logger, loop=loop,
                     distill=distill, grad_accum=grad_accum, max_flops=loop.flops_budget(), config=cfg, init=source,
-                    composed=composed)
+                    composed=composed, declared=declared)
 
 
 def check_optimizer_fits(precision: str, loop: LoopConfig, optim) -> None:
