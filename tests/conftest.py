@@ -75,6 +75,7 @@ LONGEST_FIRST = (
     "study/test_report.py",  # 7
     "test_interruptions.py",  # 6
     "model/test_mup.py",  # 5
+    "train/test_groups.py",  # 5
     "train/test_schedule_optim.py",  # 4
     "model/test_ring.py",  # 4
     "data/test_prepare.py",  # 4
