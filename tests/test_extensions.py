@@ -91,6 +91,32 @@ def test_cfg_job_finds_a_one_file_kind_and_lists_it_when_an_option_is_wrong(tmp_
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == ("llmlab: error: pos=alibx: unknown option; allowed: "
                                     f"{', '.join(POSITION.names())}")
+    # what registering a kind stores besides its own option: model=mla, the tiny model with mla
+    shown = run_cli("train", "--cfg", "job", "model=mla", cwd=tmp_path, process=True)
+    assert shown.returncode == 0 and "attention:\n  kind: mla\n" in shown.stdout, shown.stderr
+    wrong = run_cli("train", "model=mlx", cwd=tmp_path, process=True)
+    assert wrong.returncode == 2 and "mla" in wrong.stderr.strip().rpartition("allowed: ")[2].split(", "), wrong.stderr
+
+
+def test_only_the_default_configs_kinds_declare_their_config_apart_from_their_class():
+    """Every kind nests its Config in its class, except those the default ``llmlab train``
+    config is made of (and the kinds their Configs extend), declared in modules without torch
+    so that composing and checking the default config imports none."""
+    from llmlab.model.config import ATTENTION, BLOCK, FFN, NORM, OBJECTIVE
+    from llmlab.train.optim_config import OPTIMIZER
+    from tests.helpers import composed
+
+    cfg = composed()
+    picked = {(ATTENTION, cfg["attention"]["kind"]), (FFN, cfg["ffn"]["kind"]), (NORM, cfg["norm"]["kind"]),
+              (BLOCK, cfg["norm"]["placement"]), (POSITION, cfg["pos"]["kind"]),
+              (OBJECTIVE, cfg["objective"]["kind"]), (OPTIMIZER, cfg["optim"]["kind"])}
+    allowed = set()
+    for registry, name in picked:
+        for base in registry.config_of(name).__mro__:
+            allowed |= {(registry.family, kind) for kind, config in registry.items() if registry.config_of(kind) is base}
+    apart = {(registry.family, kind) for registry in (ATTENTION, FFN, NORM, BLOCK, POSITION, OBJECTIVE, OPTIMIZER)
+             for kind, _ in registry.items() if "." not in registry.config_of(kind).__qualname__}
+    assert apart == allowed and len(allowed) == 8
 
 
 def test_settings_are_checked_before_the_one_file_kinds_load_and_with_them_where_named(tmp_path):
