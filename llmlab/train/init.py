@@ -32,6 +32,16 @@ class InitSource:
     tokenizer: dict  # the run's tokenizer section: pretrained, on the source's tokenizer.json
 
 
+def _tokenizer_ids(path: Path) -> int:
+    """How many ids the tokenizer at ``path`` gives, its added tokens counted."""
+    from llmlab.data.tokenizer import TextTokenizer
+
+    try:
+        return TextTokenizer.load(path, eos=None).vocab_size
+    except UserError as e:
+        raise UserError(f"init: {e}") from None
+
+
 def init_source(value: str) -> InitSource:
     """The source ``init=`` names, its architecture read (and checked) without its weights."""
     import os
@@ -69,6 +79,11 @@ def init_source(value: str) -> InitSource:
         spec_file = "model.json"
     if not (path / "tokenizer.json").is_file():
         raise UserError(f"init: {path} has no tokenizer.json")
+    ids = _tokenizer_ids(path / "tokenizer.json")
+    if isinstance(spec.get("vocab_size"), int) and ids > spec["vocab_size"] > 0:  # else refused below
+        # its ids index the embedding table: checked here, before the data is tokenized with it
+        raise UserError(f"init: {path}: its tokenizer.json has {ids:,} ids but the model embeds only "
+                        f"{spec['vocab_size']:,}; the tokenizer belongs to another model")
     try:
         full = ModelSpec.from_config(spec, int(spec["vocab_size"])).to_dict()
     except ConfigError as e:

@@ -80,6 +80,27 @@ def test_init_names_what_it_cannot_start_from(tmp_path):
     one_line_error(result, 2, "init: nowhere does not exist")
 
 
+def test_a_source_whose_tokenizer_outgrows_its_model_is_refused_before_any_work(source, tmp_path):
+    """A tokenizer.json with more ids than the model embeds (another model's, or a hand's):
+    refused while the settings are checked, before the data is tokenized or a directory made."""
+    import shutil
+
+    from tokenizers import AddedToken, Tokenizer
+
+    root, data = source
+    crafted = tmp_path / "crafted"
+    shutil.copytree(root / "hf", crafted)
+    tok = Tokenizer.from_file(str(crafted / "tokenizer.json"))
+    embedded = load_checkpoint(crafted).spec["vocab_size"]
+    tok.add_tokens([AddedToken(f"<extra_{i}>") for i in range(embedded + 5 - tok.get_vocab_size())])
+    tok.save(str(crafted / "tokenizer.json"))
+    result = run_cli("train", *data, *FROM, f"init={crafted}", "train.steps=1", "hydra.run.dir=grown",
+                     f"cache_dir={tmp_path / 'cache'}", cwd=root)
+    one_line_error(result, 2, f"init: {crafted}: its tokenizer.json has {embedded + 5:,} ids but the model embeds only "
+                              f"{embedded:,}; the tokenizer belongs to another model")
+    assert not (root / "grown").exists() and not (tmp_path / "cache").exists()
+
+
 def test_init_stays_out_of_the_run_id_when_unset():
     plain, _ = job_of(*TINY)
     assert "init" in plain.config and plain.config["init"] is None
