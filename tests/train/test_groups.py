@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -74,39 +73,26 @@ def test_a_probe_is_composed_checked_and_listed_like_any_group(tmp_path):
                    "probe.windows: must be >= 1, got 0")
 
 
+KIND = """
+from dataclasses import dataclass
+from toy_groups.colour import COLOUR
+
+
+@COLOUR.register("{name}")
+class {title}:
+    '''{title}.'''
+
+    @dataclass
+    class Config:
+        kind: str = "{name}"
+        {setting}
+"""
 PACKAGE = {
-    "__init__.py": """
-        from llmlab.registry import Registry, discover
-        COLOUR = Registry("colour", group="colour", default="red")
-        discover(__name__, __path__)
-    """,
-    "red.py": """
-        from dataclasses import dataclass
-        from toy_groups.colour import COLOUR
-
-        @COLOUR.register("red")
-        class Red:
-            '''Red.'''
-            @dataclass
-            class Config:
-                kind: str = "red"
-                shade: int = 1
-
-            def __init__(self, cfg):
-                self.cfg = cfg
-    """,
-    "blue.py": """
-        from dataclasses import dataclass
-        from toy_groups.colour import COLOUR
-
-        @COLOUR.register("blue")
-        class Blue:
-            '''Blue.'''
-            @dataclass
-            class Config:
-                kind: str = "blue"
-                depth: float = 0.5
-    """,
+    "__init__.py": "from llmlab.registry import Registry, discover\n"
+                   "COLOUR = Registry('colour', group='colour', default='red')\n"
+                   "discover(__name__, __path__)\n",
+    "red.py": KIND.format(name="red", title="Red", setting="shade: int = 1"),
+    "blue.py": KIND.format(name="blue", title="Blue", setting="depth: float = 0.5"),
 }
 
 
@@ -118,7 +104,7 @@ def toy_groups(tmp_path, monkeypatch):
     (root / "colour").mkdir(parents=True)
     (root / "__init__.py").write_text("")
     for name, text in PACKAGE.items():
-        (root / "colour" / name).write_text(textwrap.dedent(text))
+        (root / "colour" / name).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     before = list(Registry.every)
     yield root
