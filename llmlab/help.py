@@ -3,8 +3,6 @@ what it is and its settings' defaults, and the command's settings with their com
 
 from __future__ import annotations
 
-import importlib
-
 from pathlib import Path
 
 from llmlab.paths import conf_dir
@@ -38,8 +36,9 @@ def command_help(command: str, config_dirs: tuple[str, ...] = ()) -> str:
                 if settings:
                     out.append(f"  {'':<14}   {settings}")
         out.append("")
-    declared = importlib.import_module(f"llmlab.commands.{command}").COMMAND
-    out += ["== Settings (key=value) ==", *declared.settings_help(), ""]
+    from llmlab.commands import command_of
+
+    out += ["== Settings (key=value) ==", *command_of(command).settings_help(), ""]
     out.append(help_cfg.get("footer", "").rstrip("\n"))
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -112,9 +111,10 @@ def parts_table() -> str:
     registries and conf/ (so no list of kinds is kept by hand): ``python -m llmlab.help``."""
     import dataclasses
 
+    from llmlab.commands import command_of
     from llmlab.registry import Registry
 
-    importlib.import_module("llmlab.commands.train")  # its groups' registries (what `llmlab.cli.register_parts` does)
+    command_of("train")  # its groups' registries (what `llmlab.cli.register_parts` does)
     Registry.load_all()
     rows = ["| group | options | settings |", "| --- | --- | --- |"]
     for group in command_groups("train"):

@@ -233,16 +233,15 @@ def names_an_unloaded_kind(e: Exception) -> bool:
     loaded: load them (`Registry.load_all`) and say whether the option is there now."""
     from hydra.errors import MissingConfigException
 
-    from llmlab.registry import Registry, config_store
+    from llmlab.help import group_listing
+    from llmlab.registry import Registry
 
     if not isinstance(e, MissingConfigException) or not e.missing_cfg_file or Registry.all_loaded():
         return False
     Registry.load_all()
     group, _, option = e.missing_cfg_file.rpartition("/")
-    try:  # a registry's kind, or what registering one stores (``model=mla``: the tiny model with it)
-        return f"{option}.yaml" in config_store().list(group)
-    except OSError:  # no option of the group is stored
-        return False
+    # a registry's kind, or what registering one stores (``model=mla``: the tiny model with it)
+    return option in group_listing(group)[0]
 
 
 def is_config_error(e: Exception) -> bool:
@@ -339,11 +338,8 @@ def _with_kinds(group: str, listed) -> list[str]:
     """``listed`` options of ``group`` with what every kind stores there once registered (its
     registry's kinds, and options such as ``model=mla``, the tiny model with a kind), those
     written as one file too: loaded now if not before."""
-    from llmlab.registry import Registry, config_store
+    from llmlab.help import group_listing
+    from llmlab.registry import Registry
 
     Registry.load_all()
-    try:
-        stored = {name[:-5] for name in config_store().list(group) if name.endswith(".yaml")}
-    except OSError:  # no option of the group is stored
-        stored = set()
-    return sorted(set(listed) | stored)
+    return sorted(set(listed) | set(group_listing(group)[0]))

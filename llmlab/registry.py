@@ -482,6 +482,10 @@ class Registry:
         config = self.config_of(str(section[self.kind_key]), f"{prefix}.{self.kind_key}")
         return parse_dataclass(config, section, prefix, sizes)
 
+    def default_config(self) -> Any:
+        """The Config of the option a run gets when it names none (a declared group's ``default``)."""
+        return self.config_of(self.default)()
+
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
         """Instantiate the variant a checked Config names."""
         cls = self.get(getattr(cfg, self.kind_key))

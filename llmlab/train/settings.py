@@ -179,7 +179,7 @@ class TrainJob:
         kept = dict(self.config)
         for registry in GROUPS:
             name = registry.group
-            if registry.watches or self.declared.get(name) == registry.config_of(registry.default)():
+            if registry.watches or self.declared.get(name) == registry.default_config():
                 kept.pop(name, None)
         return run_id(kept)
 
@@ -207,7 +207,7 @@ def check_train_config(cfg: Mapping[str, Any]) -> TrainJob:
         top = parse_dataclass(schema, cfg, "")
     # a run's settings written before a group existed have no section of it: the group's default
     declared = {r.group: (r.config(getattr(top, r.group), r.group) if getattr(top, r.group) is not None
-                          else r.config_of(r.default)()) for r in GROUPS}
+                          else r.default_config()) for r in GROUPS}
     tokenizer = TOKENIZER.config(top.tokenizer, "tokenizer")
     # the real vocabulary is known after tokenizing; the tokenizer's planned size stands in for the checks
     vocab = source.spec["vocab_size"] if source else TOKENIZER.get(tokenizer.kind).planned_vocab(tokenizer)
