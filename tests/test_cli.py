@@ -498,6 +498,19 @@ def test_distil_a_draft_from_a_trained_run(trained):
     assert "acceptance" in spec.stderr
 
 
+def test_sampling_in_bf16_on_the_cpu_casts_the_weights_once_and_keeps_autocasts_text(trained):
+    """``precision=bf16`` decodes with one bf16 copy of each weight, not autocast's cast at
+    every step: the same greedy text as those casts (``pack_weights=false``), and the header
+    says which ran."""
+    root, _ = trained
+    common = ["ckpt=outputs/run", "prompt=def ", "max_new_tokens=20", "temperature=0", "precision=bf16"]
+    once = run_cli("sample", *common, cwd=root)
+    each_step = run_cli("sample", *common, "pack_weights=false", cwd=root)
+    assert once.returncode == 0 and each_step.returncode == 0, once.stderr + each_step.stderr
+    assert once.stdout == each_step.stdout and len(once.stdout) > len("def ")
+    assert "weights cast to bf16 once" in once.stderr and "weights cast" not in each_step.stderr
+
+
 def test_speculative_sampling_with_a_draft_checkpoint(trained):
     root, _ = trained
     common = ["ckpt=outputs/run", "prompt=def ", "max_new_tokens=20", "temperature=0"]

@@ -142,6 +142,21 @@ def decode_layouts(models, pack) -> tuple[collections.Counter, Path | None]:
     return layouts, path if all(layout_key(m) in before for m in models) else None
 
 
+def layouts_said(layouts: collections.Counter, kept: Path | None, layers: int) -> str:
+    """What the header line says of `decode_layouts`: "" where every layer decodes by
+    ``F.linear`` as it is."""
+    from llmlab.model.packing import CASTS
+
+    cast = next((c for c in CASTS.values() if c in layouts), None)
+    if cast is not None:
+        return f", weights cast to {cast} once (autocast would cast them at every step)"
+    if not layouts:
+        return ""
+    said = (f", packed weights ({next(iter(layouts))}" if len(layouts) == 1 and layouts.total() == layers else
+            f", packed weights ({', '.join(f'{k} {v}' for k, v in layouts.items())} of {layers} layers")
+    return said + (f"; as measured before, kept in {kept})" if kept else ")")
+
+
 def run(job: SampleConfig, run_dir: Path) -> None:
     from llmlab.files import checkpoint_arg
 
@@ -202,11 +217,7 @@ def run(job: SampleConfig, run_dir: Path) -> None:
         models = [model, *([draft] if draft is not None else [])]
         layouts, kept = decode_layouts(models, job.pack_weights)
         layers = sum(type(m) is torch.nn.Linear for m in models for m in m.modules())
-        packed = "" if not layouts else (f", packed weights ({next(iter(layouts))}"
-                                         if len(layouts) == 1 and layouts.total() == layers else
-                                         f", packed weights ({', '.join(f'{k} {v}' for k, v in layouts.items())} "
-                                         f"of {layers} layers")
-        packed += f"; as measured before, kept in {kept})" if packed and kept else ")" if packed else ""
+        packed = layouts_said(layouts, kept, layers)
     what = f"step {ckpt.state['step']}" if ckpt.state.get("step") is not None else f"from its {ckpt.spec_file}"
     console.err.print(f"{ckpt.path} ({what}), {device}{packed}{how}", style="dim")
 

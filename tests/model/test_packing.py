@@ -350,3 +350,62 @@ def test_the_probe_keeps_one_copy_for_the_transposed_and_split_k_layouts(monkeyp
         x = torch.randn(3, m.in_features)
         torch.testing.assert_close(pk._split_k_linear(x, copies["split_k"][m], m.bias), F.linear(x, m.weight, m.bias),
                                    rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("attn", KINDS, ids=[k["kind"] for k in KINDS])
+def test_under_cpu_autocast_each_layer_keeps_one_copy_in_its_dtype_and_gives_autocasts_numbers(attn, dtype):
+    """Under CPU autocast every layer multiplies by a copy of its weight and bias in
+    autocast's dtype, made once: bit for bit what autocast's cast at every call gives, in a
+    prefill and in steps of one token; outside autocast, inside the same context, the layer's
+    own fp32 product; swapped back on exit."""
+    import llmlab.model.packing as pk
+    model = tiny_model(attention=attn, bias=True, init_std=0.3)
+    x = torch.randint(0, 97, (2, 12))
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+    def steps():
+        cache = model.new_cache(2)
+        return torch.cat([model(x[:, a:b], cache=cache).logits for a, b in [(0, 7), (7, 8), (8, 9), (9, 12)]], 1)
+    with torch.inference_mode():
+        for m in linears:  # biases start at zero: make them count
+            if m.bias is not None:
+                m.bias.normal_(0, 0.3)
+        plain = model(x).logits
+        with torch.autocast("cpu", dtype=dtype):
+            ref_full, ref_steps = model(x).logits, steps()
+            with packed_linears(model) as packed:
+                assert packed and len(swapped(model)) == len(linears)
+                assert {m.forward.func for m in swapped(model)} == {pk._cast_forward}
+                assert all(weight_of(m).dtype == dtype and torch.equal(weight_of(m), m.weight.to(dtype))
+                           for m in swapped(model))
+                full, cached = model(x).logits, steps()
+                with torch.autocast("cpu", enabled=False):
+                    unswapped = model(x).logits
+    assert ref_full.dtype == dtype and torch.equal(full, ref_full) and torch.equal(cached, ref_steps)
+    assert unswapped.dtype == torch.float32 and torch.equal(unswapped, plain)
+    assert not swapped(model)
+
+
+def test_autocast_copies_are_made_again_when_a_weight_or_bias_changes_and_never_while_training():
+    from llmlab.model.packing import cast_dtype
+
+    model = tiny_model(bias=True, init_std=0.3)
+    x = torch.randint(0, 97, (1, 6))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with packed_linears(model):
+            before = model(x).logits
+        model.lm_head.weight.mul_(0.5)  # in place, as an optimizer step would (tied to the embedding)
+        model.blocks[0].ffn.down_proj.bias.add_(0.25)
+        ref = model(x).logits
+        with packed_linears(model):
+            after = model(x).logits
+        with packed_linears(model, enabled=False) as packed:
+            assert not packed and not swapped(model)
+    assert not torch.equal(before, ref) and torch.equal(after, ref)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # grad mode on: training
+        assert cast_dtype([model]) is None
+        with packed_linears(model) as packed:
+            assert not packed and not swapped(model)
+    with torch.no_grad():  # no autocast: fp32 decoding, where the layouts are timed instead
+        assert cast_dtype([model]) is None
