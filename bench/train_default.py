@@ -5,6 +5,8 @@
     python -m bench.train_default --overrides <a new recipe> --reference    # beside today's defaults
     python -m bench.train_default --overrides <a new recipe> --reference --name train_recipe   # its own file
     python -m bench.train_default --reference <the recipe before> --seeds 1337,1,2   # a pair per seed
+    python -m bench.train_default --reference precision=fp32 --seeds 1337,1,2 --name precision_auto
+        # on a CPU with bf16 units: precision=auto (bf16 there) against fp32, in seeded pairs
 
 Both recipes' settings are checked first (``llmlab train --cfg job``), then the data is
 prepared, outside the runs' times. With ``--reference [key=value ...]`` a
@@ -51,11 +53,13 @@ def one_run(tmp: Path, env: dict, name: str, overrides: list[str]) -> dict:
     wall = time.perf_counter() - t
     summary = json.loads((tmp / name / "summary.json").read_text())
     t = time.perf_counter()
-    llmlab(["eval", f"ckpt={name}", f"hydra.run.dir={name}-eval"], tmp, env)
+    # one scorer for every run: fp32, whatever precision the run trained in
+    llmlab(["eval", f"ckpt={name}", f"hydra.run.dir={name}-eval", "precision=fp32"], tmp, env)
     eval_s = time.perf_counter() - t
     full = json.loads((tmp / f"{name}-eval" / "eval.json").read_text())
     result = {"command": "llmlab train " + " ".join(["logger=none", *overrides]), "wall_s": round(wall, 1),
               "train_elapsed_s": summary["elapsed_s"], "steps": summary["steps"], "tokens": summary["tokens"],
+              "precision": summary.get("precision"), "device": summary.get("device"),
               "tokens_per_s": summary["tokens_per_s"], "tokens_per_s_other_load": summary.get("tokens_per_s_other_load"),
               "mfu": summary["mfu"], "params": summary["params"], "val_loss_periodic": summary["val_loss"],
               "val_loss_full": full["loss"], "val_bpb_full": full["bpb"], "eval_s": round(eval_s, 1)}
