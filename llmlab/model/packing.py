@@ -67,8 +67,9 @@ from llmlab.model.config import check_pack  # noqa: F401  (checked before torch 
 PACK_HINT = 16
 
 _supported: bool | None = None
-# module -> ((weight storage, version), packed weight); weak, so the copy goes with the model
-_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int], torch.Tensor]] = weakref.WeakKeyDictionary()
+# module -> (key, its weight in a layout, or its weight and bias in autocast's dtype); weak, so
+# the copy goes with the model
+_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor | tuple]] = weakref.WeakKeyDictionary()
 
 
 def packing_supported() -> bool:
@@ -102,13 +103,20 @@ def should_pack(models: list[nn.Module], enabled="auto") -> bool:
     every layer in oneDNN's layout wherever its ops work; False never. Never while autograd
     records (training), under CPU autocast (both products are fp32 only) or for sharded
     (FSDP) parameters."""
-    check_pack(enabled)
-    if enabled is False or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
-        return False
-    params = [p for m in models for p in m.parameters()]
-    if not params or any(not _plain_cpu_fp32(p) for p in params):
+    if not _may_copy(models, enabled) or torch.is_autocast_enabled("cpu"):
         return False
     return enabled == "auto" or packing_supported()
+
+
+def _may_copy(models: list[nn.Module], enabled) -> bool:
+    """Whether ``models``' layers may decode with a second copy of their weights (a layout's,
+    or autocast's dtype): ``enabled`` not False, autograd not recording, and every parameter a
+    plain fp32 CPU tensor."""
+    check_pack(enabled)
+    if enabled is False or torch.is_grad_enabled():
+        return False
+    params = [p for m in models for p in m.parameters()]
+    return bool(params) and all(_plain_cpu_fp32(p) for p in params)
 
 
 def _onednn_candidate() -> bool:
@@ -130,27 +138,29 @@ def cast_dtype(models: list[nn.Module], enabled="auto") -> torch.dtype | None:
     """The dtype that decoding's layers keep a copy of their weights in: CPU autocast's (bf16
     or fp16) while it is on, for plain fp32 CPU models and with ``enabled`` not False; never
     while autograd records. None elsewhere."""
-    check_pack(enabled)
-    if enabled is False or torch.is_grad_enabled() or not torch.is_autocast_enabled("cpu"):
+    if not _may_copy(models, enabled) or not torch.is_autocast_enabled("cpu"):
         return None
     dtype = torch.get_autocast_dtype("cpu")
-    params = [p for m in models for p in m.parameters()]
-    if dtype not in CASTS or not params or any(not _plain_cpu_fp32(p) for p in params):
-        return None
-    return dtype
+    return dtype if dtype in CASTS else None
+
+
+def _kept_copy(store: weakref.WeakKeyDictionary, owner: nn.Linear, key: tuple, make):
+    """The copy ``store`` keeps for ``owner``, made (``make()``) where there is none or its
+    ``key`` (where the weights lie and their version counters, the layout) has moved on."""
+    hit = store.get(owner)
+    if hit is None or hit[0] != key:
+        with kept_tensors():
+            hit = (key, make())
+        store[owner] = hit
+    return hit[1]
 
 
 def cast_weights(linear: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``linear``'s weight and bias in ``dtype``, made again when either has changed."""
-    tensors = [t for t in (linear.weight, linear.bias) if t is not None]
-    key = (*((t.data_ptr(), t._version) for t in tensors), CASTS[dtype])
-    hit = _packed.get(linear)
-    if hit is None or hit[0] != key:
-        bias = linear.bias
-        with kept_tensors():
-            hit = (key, (linear.weight.detach().to(dtype), None if bias is None else bias.detach().to(dtype)))
-        _packed[linear] = hit
-    return hit[1]
+    w, b = linear.weight, linear.bias
+    key = (*((t.data_ptr(), t._version) for t in (w, b) if t is not None), CASTS[dtype])
+    return _kept_copy(_packed, linear, key,
+                      lambda: (w.detach().to(dtype), None if b is None else b.detach().to(dtype)))
 
 
 def _cast_forward(linear: nn.Linear, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -235,14 +245,13 @@ def _parts_key(linear: nn.Linear, layout: str) -> int:
 def packed_weight(linear: nn.Linear, layout: str = "onednn") -> torch.Tensor:
     """``linear.weight`` in ``layout`` (see `LAYOUTS`), made again when the weight has changed
     (or, for "split", the thread count)."""
+    return _kept_copy(_packed, linear, _weight_key(linear, layout),
+                      lambda: _layout_copy(linear.weight.detach(), layout))
+
+
+def _weight_key(linear: nn.Linear, layout: str) -> tuple:
     w = linear.weight
-    key = (w.data_ptr(), w._version, layout, _parts_key(linear, layout))
-    hit = _packed.get(linear)
-    if hit is None or hit[0] != key:
-        with kept_tensors():
-            hit = (key, _layout_copy(w.detach(), layout))
-        _packed[linear] = hit
-    return hit[1]
+    return w.data_ptr(), w._version, layout, _parts_key(linear, layout)
 
 
 def _forward(product, linear: nn.Linear, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -255,8 +264,8 @@ def _forward(product, linear: nn.Linear, weight: torch.Tensor, x: torch.Tensor) 
 
 Group = tuple  # of nn.Linear: layers a forward applies to one and the same input
 
-# first member -> (key, joint weight in a layout, joint bias or None); weak, as `_packed`
-_joint_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor, torch.Tensor | None]] = \
+# first member -> (key, (joint weight in a layout, joint bias or None)); weak, as `_packed`
+_joint_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, tuple[torch.Tensor, torch.Tensor | None]]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -314,13 +323,7 @@ def _joint_copy(group: Group, layout: str) -> tuple[torch.Tensor, torch.Tensor |
 
 def joint_weight(group: Group, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`_joint_copy`, made again when a member's weight or bias has changed (as `packed_weight`)."""
-    key = _joint_key(group, layout)
-    hit = _joint_packed.get(group[0])
-    if hit is None or hit[0] != key:
-        with kept_tensors():
-            hit = (key, *_joint_copy(group, layout))
-        _joint_packed[group[0]] = hit
-    return hit[1], hit[2]
+    return _kept_copy(_joint_packed, group[0], _joint_key(group, layout), lambda: _joint_copy(group, layout))
 
 
 class _Joint:
@@ -501,10 +504,9 @@ def model_layout(model: nn.Module, known: dict[str, str] | None = None) -> str:
         layout = _chosen[key]
         for m, copy in copies.get(layout, {}).items():  # what `packed_weight` and `joint_weight` would make again
             if isinstance(m, tuple):
-                _joint_packed[m[0]] = (_joint_key(m, layout), *copy)
+                _joint_packed[m[0]] = (_joint_key(m, layout), copy)
             else:
-                w = m.weight
-                _packed[m] = ((w.data_ptr(), w._version, layout, _parts_key(m, layout)), copy)
+                _packed[m] = (_weight_key(m, layout), copy)
     return _chosen[key]
 
 
