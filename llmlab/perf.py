@@ -16,6 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Collection
 
 # Other load above which a speed is marked as measured under contention: other work used more
 # than this share of the machine's CPU time while it was measured.
@@ -30,32 +31,42 @@ class CpuSnapshot:
     cpus: int
 
 
-def parse_proc_stat(text: str, ticks_per_s: float) -> tuple[float, int]:
+def _busy(fields: list[str], ticks_per_s: float) -> float:
+    v = [int(x) for x in fields[1:9]] + [0] * max(0, 9 - len(fields))
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
+    return (user + nice + system + irq + softirq + steal) / ticks_per_s
+
+
+def parse_proc_stat(text: str, ticks_per_s: float, only: Collection[int] | None = None) -> tuple[float, int]:
     """Busy CPU seconds summed over all CPUs, and the number of CPUs, from the text of
     ``/proc/stat``. Busy is user + nice + system + irq + softirq + steal (time the hypervisor
-    gave to other machines counts as taken by others); guest time is already inside user."""
-    busy, cpus = None, 0
+    gave to other machines counts as taken by others); guest time is already inside user.
+    ``only``: the CPUs to count (this process's affinity), from their own lines."""
+    busy, cpus, mine = None, 0, 0.0
     for line in text.splitlines():
         fields = line.split()
         if not fields:
             continue
         if fields[0] == "cpu":
-            v = [int(x) for x in fields[1:9]] + [0] * max(0, 9 - len(fields))
-            user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
-            busy = (user + nice + system + irq + softirq + steal) / ticks_per_s
+            busy = _busy(fields, ticks_per_s)
         elif fields[0].startswith("cpu") and fields[0][3:].isdigit():
-            cpus += 1
+            if only is None:
+                cpus += 1
+            elif int(fields[0][3:]) in only:
+                cpus, mine = cpus + 1, mine + _busy(fields, ticks_per_s)
     if busy is None or cpus == 0:
         raise ValueError("no aggregate 'cpu' line or no per-CPU lines: not the text of /proc/stat")
-    return busy, cpus
+    return (busy if only is None else mine), cpus
 
 
-def snapshot(stat_path: str | Path = "/proc/stat") -> CpuSnapshot:
+def snapshot(stat_path: str | Path = "/proc/stat", only: Collection[int] | None = None) -> CpuSnapshot:
+    """What `other_load` compares: the wall clock, the busy time of the machine's CPUs (``only``:
+    of those CPUs) and this process's CPU time."""
     wall, own = time.perf_counter(), time.process_time()
     try:
-        busy, cpus = parse_proc_stat(Path(stat_path).read_text(), os.sysconf("SC_CLK_TCK"))
+        busy, cpus = parse_proc_stat(Path(stat_path).read_text(), os.sysconf("SC_CLK_TCK"), only)
     except (OSError, ValueError, AttributeError):
-        busy, cpus = None, os.cpu_count() or 1
+        busy, cpus = None, len(only) if only else os.cpu_count() or 1
     return CpuSnapshot(wall, busy, own, cpus)
 
 

@@ -84,6 +84,7 @@ LONGEST_FIRST = (
     "train/test_context_parallel.py",  # 2
     "test_layers.py",  # 2
     "test_readme.py",  # 2
+    "sample/test_threads.py",  # 1
 )
 
 

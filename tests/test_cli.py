@@ -511,6 +511,28 @@ def test_sampling_in_bf16_on_the_cpu_casts_the_weights_once_and_keeps_autocasts_
     assert "weights cast to bf16 once" in once.stderr and "weights cast" not in each_step.stderr
 
 
+def test_sample_decodes_on_the_cores_left_and_threads_n_pins_the_count(trained):
+    """``threads=auto`` (the default) in a process of 2 threads keeps its steps' thread counts
+    in samples.jsonl; ``threads=1`` writes the same text and leaves the process's count as it
+    found it; a bad count is one line that names the key."""
+    root, _ = trained
+    common = ["ckpt=outputs/run", "prompt=def ", "max_new_tokens=16", "temperature=0", "stop_at_eos=false"]
+    found = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        auto = run_cli("sample", *common, "hydra.run.dir=outputs/s-threads", cwd=root)
+        pinned = run_cli("sample", *common, "threads=1", cwd=root)
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(found)
+    assert auto.returncode == 0 and pinned.returncode == 0, auto.stderr + pinned.stderr
+    assert auto.stdout == pinned.stdout and after == 2
+    stats = json.loads((root / "outputs" / "s-threads" / "samples.jsonl").read_text().splitlines()[-1])["stats"]
+    assert sum(stats["threads"].values()) == 15 and set(stats["threads"]) <= {"1", "2"}  # the first token is the prompt's
+    one_line_error(run_cli("sample", "ckpt=outputs/run", "threads=0", cwd=root), 2,
+                   "threads: must be auto or a whole number of threads, at least 1; got 0")
+
+
 def test_speculative_sampling_with_a_draft_checkpoint(trained):
     root, _ = trained
     common = ["ckpt=outputs/run", "prompt=def ", "max_new_tokens=20", "temperature=0"]

@@ -24,6 +24,14 @@ def test_proc_stat_counts_busy_time_over_all_cpus_and_the_cpus():
         perf.parse_proc_stat("MemTotal: 1 kB\n", 100)
 
 
+def test_proc_stat_counts_only_the_cpus_asked_for_from_their_own_lines():
+    text = "cpu  900 0 300 0 0 0 0 0\ncpu0 100 0 100 0 0 0 0 0\ncpu1 800 0 200 0 0 0 0 0\ncpu2 0 0 0 50 0 0 0 0\n"
+    assert perf.parse_proc_stat(text, 100) == (pytest.approx(12.0), 3)
+    assert perf.parse_proc_stat(text, 100, only={1, 2}) == (pytest.approx(10.0), 2)  # cpu1 and cpu2
+    with pytest.raises(ValueError, match="/proc/stat"):
+        perf.parse_proc_stat(text, 100, only={7})  # none of them
+
+
 def test_other_load_is_what_others_used_of_the_whole_machine():
     # 10 s on 2 CPUs = 20 CPU-seconds; everyone used 16, this process 6: others used half
     a = perf.CpuSnapshot(wall=100.0, busy=50.0, own=3.0, cpus=2)

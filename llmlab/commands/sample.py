@@ -48,17 +48,20 @@ class SampleConfig(Checked):
     device: str = "auto"
     precision: str = choice("auto", PRECISIONS)  # auto: bf16 on CUDA GPUs that have it, else fp32 (CPU decoding too)
     pack_weights: Any = "auto"  # auto | true | false: CPU decoding with weights laid out anew (auto: the layout each model measures fastest in; true: oneDNN's)
+    threads: Any = "auto"  # auto | N: CPU threads of decoding (auto: all of torch's, less the share of the CPUs other processes use, read every 0.25 s; N: N throughout)
     cuda_graph: bool = True  # on CUDA, each new token's kernels replayed as one recorded CUDA graph (plain decoding of mha, gqa and mqa with dense FFNs); false: launched one by one
     draft: str | None = None  # a smaller checkpoint (same tokenizer) for speculative decoding
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def check(self, prefix: str) -> None:
         from llmlab.model.config import check_pack
+        from llmlab.sample.settings import check_threads
         from llmlab.train.device import check_device
 
         sampling_config(dataclasses.asdict(self))  # its own checks, with sample's top-level keys
         check_device(self.device)
         check_pack(self.pack_weights)
+        check_threads(self.threads)
         prompt = self.prompt
         if self.prompt_file is None and not (isinstance(prompt, str) or (
                 isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt))):
@@ -165,15 +168,29 @@ def run(job: SampleConfig, run_dir: Path) -> None:
         checkpoint_arg(job.draft, "draft")
     import torch
 
+    found = torch.get_num_threads()
+    if job.threads != "auto":
+        torch.set_num_threads(job.threads)  # before the layouts are measured: they are kept by thread count
+    try:
+        _run(job, run_dir)
+    finally:  # as it was (the command may run inside another program: a test, a notebook)
+        torch.set_num_threads(found)
+
+
+def _run(job: SampleConfig, run_dir: Path) -> None:
+    import torch
+
     from llmlab import console
     from llmlab.errors import UserError
     from llmlab.sample.session import StreamWriter, decode_prompts, draft_shortlist
+    from llmlab.sample.threads import ThreadPicker
     from llmlab.train.checkpoint import build_model
     from llmlab.train.device import autocast, resolve_device, resolve_precision
 
     sampling = sampling_config(dataclasses.asdict(job))
-    ckpt = causal_checkpoint(job.ckpt, "ckpt")
     device = resolve_device(job.device)
+    picker = ThreadPicker.for_decoding(device, job.threads)  # its first reading of the load covers the loading
+    ckpt = causal_checkpoint(job.ckpt, "ckpt")
     # decoding in bf16 on a CPU with bf16 units was never measured faster: auto keeps fp32 there
     amp = autocast(device, resolve_precision(job.precision, device, cpu_bf16=False))
     model = build_model(ckpt, device, job.weights)
@@ -228,7 +245,7 @@ def run(job: SampleConfig, run_dir: Path) -> None:
         sys.stdout.flush()
     done = decode_prompts(model, tok, encoded, n, sampling, eos_id, gen, draft=draft, mtp=spec.mtp, k=spec.k,
                           min_confidence=spec.min_confidence, draft_vocab=draft_vocab, compare=spec.compare,
-                          pack=job.pack_weights, amp=amp, writer=writer, graphs=job.cuda_graph)
+                          pack=job.pack_weights, amp=amp, writer=writer, graphs=job.cuda_graph, threads=picker)
     if stream:
         sys.stdout.write(done.completions[0][1][len(writer.printed):] + "\n")
     else:

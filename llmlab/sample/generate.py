@@ -14,6 +14,7 @@ from llmlab.model.packing import packed_linears
 from llmlab.model.transformer import lean_decoding
 from llmlab.sample.graphs import GraphedStep, why_not
 from llmlab.sample.settings import SamplingConfig  # noqa: F401  (its home is torch-free; imported from here too)
+from llmlab.sample.threads import ThreadPicker
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float) -> torch.Tensor:
@@ -111,7 +112,7 @@ def decoding(*models, pack="auto", keep: bool = True) -> Iterator[bool]:
 def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
              on_token: Callable[[torch.Tensor], None] | None = None, pack="auto",
-             graphs: bool = False) -> torch.Tensor:
+             graphs: bool = False, threads: ThreadPicker | None = None) -> torch.Tensor:
     """Extend ``prompt`` (B, T) by up to ``cfg.max_new_tokens`` tokens; returns (B, T + n).
 
     A row that produced ``eos_id`` keeps emitting it; generation stops when every row has.
@@ -120,6 +121,8 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     ``pack``: prepacked CPU weights (``llmlab.model.packing``): "auto", True or False.
     ``graphs``: on CUDA, each new token's step replayed as a recorded CUDA graph
     (`llmlab.sample.graphs`) where the model allows (`graphs.why_not`); the same tokens.
+    ``threads``: on the CPU, the `ThreadPicker` that sets each step's thread count from the
+    load other processes put on the CPUs; the count is put back at the end.
 
     Decoding runs in inference mode (`grad_free`). The ids come back as an ordinary tensor, so
     a caller may train on them (distillation on a teacher's text).
@@ -128,13 +131,16 @@ def generate(model, prompt: torch.Tensor, cfg: SamplingConfig, eos_id: int | Non
     model.eval()
     try:
         with grad_free(model), decoding(model, pack=pack, keep=not was_training):  # training: weights will change
-            out = _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs)
+            out = _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs, threads)
     finally:
         model.train(was_training)
+        if threads is not None:
+            threads.restore()
     return out.clone()
 
 
-def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs=False) -> torch.Tensor:
+def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs=False,
+              threads: ThreadPicker | None = None) -> torch.Tensor:
     vocab = model.vocab_size
     window = model.max_seq_len
     out = prompt
@@ -153,6 +159,8 @@ def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs
                     cache = model.new_cache(out.shape[0], window)
                     if graphs and cfg.max_new_tokens > 1 and why_not(model, cache) is None:
                         graphed = GraphedStep(model, cache)
+                if threads is not None:
+                    threads.prefill()
                 logits = model(feed, cache=cache).logits
             elif graphed is not None:
                 logits = graphed.step(feed, cache.pos)
@@ -161,6 +169,8 @@ def _generate(model, prompt, cfg, eos_id, generator, use_cache, on_token, graphs
                     console.err.print(f"CUDA graph decoding: {graphed.broken}", style="yellow")
                     graphed, graphs = None, False  # nor tried again at a refill
             else:
+                if threads is not None:
+                    threads.before()
                 logits = model(feed, cache=cache).logits
         else:
             logits = model(out[:, -window:]).logits

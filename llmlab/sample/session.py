@@ -17,6 +17,7 @@ import torch
 from llmlab.errors import UserError
 from llmlab.sample.generate import SamplingConfig, generate
 from llmlab.sample.speculative import frequent_tokens, speculative_generate
+from llmlab.sample.threads import ThreadPicker
 
 
 class StreamWriter:
@@ -41,8 +42,10 @@ def completion_text(tok, row: list[int], eos_id) -> str:
     return tok.decode(row, skip_special=True)
 
 
-def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto", graphs=False):
-    """Prompts of one token length share a batch (no padding, so every row is exact)."""
+def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto", graphs=False, threads=None):
+    """Prompts of one token length share a batch (no padding, so every row is exact).
+    ``threads``: a `ThreadPicker` that sets every batch's steps' thread count; the stats say
+    which counts the steps ran on."""
     device = next(model.parameters()).device
     by_length: dict[int, list[int]] = {}
     for i, ids in enumerate(encoded):
@@ -61,13 +64,16 @@ def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto", 
     for length, members in by_length.items():
         x = torch.tensor([encoded[i] for i in members for _ in range(n)], device=device)
         out = generate(model, x, sampling, eos_id=eos_id, generator=gen, on_token=on_token, pack=pack,
-                       graphs=graphs)
+                       graphs=graphs, threads=threads)
         rows = out[:, length:].tolist()
         for r, i in enumerate(m for m in members for _ in range(n)):
             results.setdefault(i, []).append(rows[r])
             new_tokens += len(rows[r][:rows[r].index(eos_id) + 1] if eos_id in rows[r] else rows[r])
     ordered = [(i, row) for i in range(len(encoded)) for row in results[i]]
-    return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
+    stats = {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
+    if threads is not None:
+        stats["threads"], stats["threads_said"] = dict(threads.steps.most_common()), threads.said()
+    return ordered, stats
 
 
 def draft_shortlist(n, dckpt, ckpt):
@@ -135,10 +141,13 @@ class Decoded:
 def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: SamplingConfig, eos_id: int | None,
                    gen: torch.Generator, *, draft=None, mtp: bool = False, k: int = 4, min_confidence: float = 0.0,
                    draft_vocab=None, compare: bool = True, pack: Any = "auto", amp=None,
-                   writer: "StreamWriter | None" = None, graphs: bool = False) -> Decoded:
+                   writer: "StreamWriter | None" = None, graphs: bool = False,
+                   threads: ThreadPicker | None = None) -> Decoded:
     """Decode ``n`` samples of every encoded prompt, speculatively with ``draft`` or with the
     model's MTP heads (``mtp``), plainly otherwise; with ``compare``, time plain decoding of
-    the same tokens too and report the speed-up."""
+    the same tokens too and report the speed-up. ``threads``: a `ThreadPicker` that sets the
+    thread count of plain decoding's steps on the CPU (speculative decoding and the plain
+    decoding it is compared with run on the count that is set)."""
     amp = amp if amp is not None else nullcontext()
     speculative = draft is not None or mtp
     t0 = time.perf_counter()
@@ -147,7 +156,7 @@ def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: Sampl
             results, stats = speculative_decode(model, draft, encoded, n, sampling, k, eos_id, gen, writer,
                                                 min_confidence, pack, draft_vocab)
         else:
-            results, stats = plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack, graphs)
+            results, stats = plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack, graphs, threads)
     elapsed = time.perf_counter() - t0
     completions = [(i, completion_text(tok, row, eos_id)) for i, row in results]
     new_tokens, ttft = stats["new_tokens"], stats["first_token_s"]
@@ -155,6 +164,9 @@ def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: Sampl
             f"time to first token {ttft * 1000:.0f} ms" if ttft is not None else f"{new_tokens} tokens")
     record = {"new_tokens": new_tokens, "seconds": elapsed, "tokens_per_s": new_tokens / max(elapsed, 1e-9),
               "first_token_s": ttft}
+    if "threads" in stats:  # the steps' thread counts, as `ThreadPicker` chose them
+        line += f"; {stats['threads_said']}"
+        record["threads"] = {str(c): k for c, k in stats["threads"].items()}
     if speculative:
         line += (f"; acceptance {stats['acceptance']:.1%}, {stats['tokens_per_forward']:.2f} tokens per target "
                  f"forward")
