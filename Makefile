@@ -56,6 +56,7 @@ bench: install  ## benchmarks; results go to bench/results/
 	$(PYTHON) -m bench.shakespeare --data "$(SHAKESPEARE)"$(if $(NANOGPT), --nanogpt "$(NANOGPT)" --rounds 3)
 	$(PYTHON) -m bench.speculative
 	$(PYTHON) -m bench.decode_vs_hf$(if $(wildcard $(SHAKESPEARE)), --data "$(SHAKESPEARE)")
+	$(PYTHON) -m bench.decode_busy$(if $(wildcard $(SHAKESPEARE)), --data "$(SHAKESPEARE)")
 	$(PYTHON) -m bench.head_loss
 	$(PYTHON) -m bench.activation_checkpointing
 	$(PYTHON) -m bench.cli
