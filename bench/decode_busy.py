@@ -17,7 +17,6 @@ bench/results/decode_busy[_<name>].json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,19 +26,7 @@ import time
 from pathlib import Path
 
 from bench.common import child_env, tree_load, write_result
-from bench.decode_vs_hf import SIZES, TRAIN, run
-
-PROMPT = "ROMEO:"
-
-
-def sample(run_dir: Path, out_dir: Path, env: dict, tokens: int, threads: str) -> dict:
-    run([sys.executable, "-m", "llmlab", "sample", f"ckpt={run_dir}", f"prompt={PROMPT}", f"max_new_tokens={tokens}",
-         "stop_at_eos=false", "temperature=0", f"threads={threads}", f"hydra.run.dir={out_dir}"], env, out_dir.parent)
-    lines = [json.loads(line) for line in (out_dir / "samples.jsonl").read_text().splitlines()]
-    stats = lines[-1]["stats"]
-    return {"tokens_per_s": stats["tokens_per_s"], "first_token_s": stats["first_token_s"],
-            "threads": stats.get("threads"), "text": lines[-2]["completion"]}
-
+from bench.decode_vs_hf import PROMPT, SIZES, TRAIN, llmlab_sample, run
 
 def start_load(kind: str, tmp: Path, env: dict) -> subprocess.Popen | None:
     if kind == "none":
@@ -74,6 +61,7 @@ def main() -> None:
     import torch
 
     threads = torch.get_num_threads()
+    sampled = argparse.Namespace(tokens=args.tokens, device="cpu", precision="fp32")  # what `llmlab_sample` reads
     repo = Path(__file__).resolve().parent.parent
     env = child_env(LLMLAB_CACHE=os.environ.get("LLMLAB_CACHE", str(repo / ".cache" / "llmlab")))
     data = []
@@ -105,7 +93,8 @@ def main() -> None:
                 for i in range(args.rounds):
                     for m in order[i % 2:] + order[:i % 2]:
                         with tree_load() as seen:
-                            runs[m].append(sample(tmp / name, tmp / f"{name}-busy{i}-{m}", env, args.tokens, modes[m]))
+                            runs[m].append(llmlab_sample(tmp / name, tmp / f"{name}-busy{i}-{m}", env, sampled,
+                                                         ["temperature=0", f"threads={modes[m]}"]))
                         runs[m][-1]["other_load"] = seen["other_load"]
                         print(f"{name} round {i + 1} threads={modes[m]}: {runs[m][-1]['tokens_per_s']:,.1f} tokens/s"
                               f" (other load {seen['other_load'] or 0:.0%}; steps on {runs[m][-1]['threads']})",

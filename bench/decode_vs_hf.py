@@ -111,7 +111,7 @@ def llmlab_sample(run_dir: Path, out_dir: Path, env: dict, args, extra: list[str
     lines = [json.loads(line) for line in (out_dir / "samples.jsonl").read_text().splitlines()]
     stats = lines[-1]["stats"]
     return {"tokens_per_s": stats["tokens_per_s"], "first_token_s": stats["first_token_s"],
-            "new_tokens": stats["new_tokens"], "text": lines[-2]["completion"]}
+            "new_tokens": stats["new_tokens"], "threads": stats.get("threads"), "text": lines[-2]["completion"]}
 
 
 def hf_generate(export_dir: Path, env: dict, args, sampling: dict, cwd: Path) -> dict:

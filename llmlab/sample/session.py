@@ -44,8 +44,7 @@ def completion_text(tok, row: list[int], eos_id) -> str:
 
 def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto", graphs=False, threads=None):
     """Prompts of one token length share a batch (no padding, so every row is exact).
-    ``threads``: a `ThreadPicker` that sets every batch's steps' thread count; the stats say
-    which counts the steps ran on."""
+    ``threads``: a `ThreadPicker` that sets every batch's steps' thread count."""
     device = next(model.parameters()).device
     by_length: dict[int, list[int]] = {}
     for i, ids in enumerate(encoded):
@@ -70,10 +69,7 @@ def plain_decode(model, encoded, n, sampling, eos_id, gen, writer, pack="auto", 
             results.setdefault(i, []).append(rows[r])
             new_tokens += len(rows[r][:rows[r].index(eos_id) + 1] if eos_id in rows[r] else rows[r])
     ordered = [(i, row) for i in range(len(encoded)) for row in results[i]]
-    stats = {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
-    if threads is not None:
-        stats["threads"], stats["threads_said"] = dict(threads.steps.most_common()), threads.said()
-    return ordered, stats
+    return ordered, {"new_tokens": new_tokens, "first_token_s": first[0] if first else None}
 
 
 def draft_shortlist(n, dckpt, ckpt):
@@ -164,9 +160,9 @@ def decode_prompts(model, tok, encoded: list[list[int]], n: int, sampling: Sampl
             f"time to first token {ttft * 1000:.0f} ms" if ttft is not None else f"{new_tokens} tokens")
     record = {"new_tokens": new_tokens, "seconds": elapsed, "tokens_per_s": new_tokens / max(elapsed, 1e-9),
               "first_token_s": ttft}
-    if "threads" in stats:  # the steps' thread counts, as `ThreadPicker` chose them
-        line += f"; {stats['threads_said']}"
-        record["threads"] = {str(c): k for c, k in stats["threads"].items()}
+    if threads is not None and not speculative:  # the counts the picker ran the steps on
+        line += f"; {threads.said()}"
+        record["threads"] = {str(c): k for c, k in threads.steps.most_common()}
     if speculative:
         line += (f"; acceptance {stats['acceptance']:.1%}, {stats['tokens_per_forward']:.2f} tokens per target "
                  f"forward")

@@ -65,7 +65,7 @@ class ThreadPicker:
         self.found = torch.get_num_threads()  # what `restore` puts back
         self.current = most
         self.last = self.read()
-        self.loads: list[float] = []  # each reading's other load
+        self.busiest: float | None = None  # the highest other load read
         self.steps: collections.Counter[int] = collections.Counter()  # steps decoded on each count
 
     @classmethod
@@ -82,23 +82,19 @@ class ThreadPicker:
         now = self.read()
         load, self.last = other_load(self.last, now), now
         if load is not None:
-            self.loads.append(load)
+            self.busiest = max(load, self.busiest or 0.0)
             self.current = cores_left(self.most, load)
 
-    def _set(self) -> None:
+    def prefill(self) -> None:
+        """Called before a step over many tokens (the prompt, a refill): sets its thread count."""
+        self._update()
         if torch.get_num_threads() != self.current:
             torch.set_num_threads(self.current)
 
     def before(self) -> None:
-        """Called before a one-token step: sets the thread count it runs on."""
-        self._update()
-        self._set()
+        """Called before a one-token step: sets its thread count, and counts the step."""
+        self.prefill()
         self.steps[self.current] += 1
-
-    def prefill(self) -> None:
-        """Before a step over many tokens (the prompt, a refill)."""
-        self._update()
-        self._set()
 
     def restore(self) -> None:
         """The thread count as it was when the picker was made."""
@@ -116,7 +112,7 @@ class ThreadPicker:
         head = f"{top} thread{'s' * (top != 1)}"
         if not rest and top == self.most:
             return head
-        busy = f" (other processes used up to {max(self.loads):.0%} of the CPUs)" if self.loads else ""
+        busy = f" (other processes used up to {self.busiest:.0%} of the CPUs)" if self.busiest is not None else ""
         if not rest:
             return f"{head} of {self.most}{busy}"
         return f"{head} for {n} of {total} steps, " + ", ".join(f"{c} for {k}" for c, k in rest) + busy
