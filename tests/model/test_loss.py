@@ -36,8 +36,11 @@ def data(n=37, d=8, v=29, dtype=torch.float64, ignored=0.25, seed=0):
 
 @pytest.mark.parametrize("compiled_form", [False, True])
 @pytest.mark.parametrize("chunk_bytes", [1 << 30, 8 * 29 * 10])  # one chunk; float64 chunks of 10 rows, the last 7
-def test_matches_plain_cross_entropy_and_its_gradients(monkeypatch, chunk_bytes, compiled_form):
+# the CPU's blocks within a chunk (eager): one block; blocks of 4 rows, a chunk's last one shorter
+@pytest.mark.parametrize("block_bytes", [1 << 20, 8 * 29 * 4])
+def test_matches_plain_cross_entropy_and_its_gradients(monkeypatch, chunk_bytes, compiled_form, block_bytes):
     monkeypatch.setattr(loss_mod, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(loss_mod, "CPU_BLOCK_BYTES", block_bytes)
     # the expression inductor fuses, checked here without compiling
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiled_form)
     h, w, t = data()
@@ -74,7 +77,9 @@ def test_no_counted_target_gives_nan_like_cross_entropy():
     assert gh1.abs().max() == 0 and gw1.abs().max() == 0
 
 
-def test_bf16_autocast_agrees_with_the_plain_autocast_path():
+@pytest.mark.parametrize("block_bytes", [1 << 20, 4 * 50 * 5])  # one block; blocks of 5 rows, the last 4
+def test_bf16_autocast_agrees_with_the_plain_autocast_path(monkeypatch, block_bytes):
+    monkeypatch.setattr(loss_mod, "CPU_BLOCK_BYTES", block_bytes)
     h, w, t = data(n=64, d=32, v=50, dtype=torch.float32, ignored=0.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         (l0, gh0, gw0), (l1, gh1, gw1) = plain_and_fused(h, w, t)
