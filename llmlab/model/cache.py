@@ -5,6 +5,23 @@ from __future__ import annotations
 import torch
 
 
+def cache_dtype(param_dtype: torch.dtype, device_type: str, autocast_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype decoding keeps keys and values (and a latent, an indexer's keys) in.
+
+    Under autocast on a GPU, autocast's: keys and values come out of the projections in it,
+    and the cache takes half the memory of fp32's. Under CPU autocast, the parameters' (fp32):
+    attention's scores are computed in fp32 there (`llmlab.model.attention.fused_sdpa`), and a
+    bf16 cache made every decoding step either cast all of it up to fp32 or run PyTorch's bf16
+    CPU kernel, whose cost grew with the context (a d 512, 8-layer token on 2 AVX-512 BF16
+    cores: 5.8 ms at the first position, 7.0 ms at the 300th; 5.9 and 6.0 with an fp32 cache).
+    An fp32 cache also holds exactly the keys and values the full forward attends to (the
+    normed latents of mla, qk-norm's keys), where a bf16 one rounded them. Without autocast,
+    the parameters' dtype."""
+    if autocast_dtype is None or device_type == "cpu":
+        return param_dtype
+    return autocast_dtype
+
+
 class KVCache:
     """Keys and values of one attention layer, preallocated: (B, H_kv, max_len, D)."""
 

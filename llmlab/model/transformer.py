@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from llmlab.model import ring
-from llmlab.model.cache import ModelCache
+from llmlab.model.cache import ModelCache, cache_dtype
 from llmlab.model.config import ATTENTION, BLOCK, FFN, NORM, OBJECTIVE, POSITION, ModelSpec, NormConfig
 from llmlab.model.ffn import round_up
 from llmlab.model.loss import linear_cross_entropy, use_fused
@@ -262,15 +262,14 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                   slack: int = 0) -> ModelCache:
         """Caches for ``max_len`` positions; ``slack``: how far `ModelCache.truncate` may roll
-        back (rolling caches keep that many extra positions). ``dtype``: by default the
-        autocast dtype when autocast is on (keys and values are computed in it), else the
-        parameters'."""
+        back (rolling caches keep that many extra positions). ``dtype``: by default
+        `cache_dtype`'s (autocast's on a GPU under autocast, else the parameters')."""
         p = next(self.parameters())
         max_len = max_len or self.max_seq_len
         if dtype is None:
-            dtype = p.dtype
-            if torch.is_autocast_enabled(p.device.type):
-                dtype = torch.get_autocast_dtype(p.device.type)
+            device = p.device.type
+            dtype = cache_dtype(p.dtype, device,
+                                torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None)
         return ModelCache([blk.attn.new_cache(batch, max_len, p.device, dtype, slack)
                            for blk in self.blocks])
 

@@ -263,7 +263,7 @@ class Trainer:
         """The model card, the run's steps and its cooldown branches."""
         from llmlab.eval.runs import read_overrides
 
-        card = model_card(model, self.data.seq_len, self.precision)
+        card = model_card(model, self.data.seq_len, self.precision, self.device.type)
         steps = self.loop.planned_steps(self.data.tokens_per_step, card["flops_per_token"])
         sched = self.job.sched
         planned = []

@@ -117,10 +117,14 @@ def test_a_model_with_hooks_decodes_through_its_ordinary_forward():
 @pytest.mark.filterwarnings("error:Mismatch dtype between input and weight:UserWarning")
 def test_cached_decoding_under_bf16_autocast(attn):
     """``precision=bf16`` samples under autocast: keys and values come out of the projections in
-    bf16, so the cache is kept in bf16 (half the memory), every kind appends to it (the rolling
-    SWA cache once refused a dtype other than its own), and the logits follow the full forward
-    to bf16 accuracy. The norms inside attention (mla's latents, qknorm's) take their input in
-    their weight's dtype, so torch's fused RMSNorm runs (a bf16 input made it warn and fall back)."""
+    bf16, every kind appends them to its cache (the rolling SWA cache once refused a dtype
+    other than its own), and the logits follow the full forward to bf16 accuracy. On the CPU
+    the cache is fp32 (`cache_dtype`: attention's scores are fp32 there), so it holds the keys
+    the full forward attends to (mla's normed latents, qknorm's keys) unrounded; on a GPU under
+    autocast it is in autocast's dtype. The norms inside attention (mla's latents,
+    qknorm's) take their input in their weight's dtype, so torch's fused RMSNorm runs (a bf16
+    input made it warn and fall back)."""
+    from llmlab.model.cache import cache_dtype
     model = tiny_model(attention=ATTN[attn])
     x = torch.randint(0, 97, (2, 20))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -129,8 +133,10 @@ def test_cached_decoding_under_bf16_autocast(attn):
         steps = incremental_logits(model, x, list(range(1, 20))).float()
     tensors = [t for layer in cache.layers for t in vars(layer).values()
                if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    assert tensors and all(t.dtype == torch.bfloat16 for t in tensors)
+    assert tensors and all(t.dtype == torch.float32 for t in tensors)
     torch.testing.assert_close(steps, full, atol=0.1, rtol=0.05)
+    assert cache_dtype(torch.float32, "cuda", torch.bfloat16) == torch.bfloat16
+    assert cache_dtype(torch.bfloat16, "cpu", None) == torch.bfloat16  # a bf16 model's own dtype
 
 
 @pytest.mark.parametrize("mask", ["causal flag", "float bias"])
@@ -161,10 +167,15 @@ def test_cpu_attention_under_bf16_computes_its_scores_in_fp32(mask):
     x = torch.randn(2, 4, 16, 8)
     assert torch.equal(fused_sdpa(x, x, x, is_causal=True),
                        torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True))
-    one = q.detach()[:, :, -1:]  # a decoded token's query keeps the bf16 kernel
+    one = q.detach()[:, :, -1:]  # a decoded token's query with bf16 keys keeps the bf16 kernel
     with torch.no_grad():
         assert torch.equal(fused_sdpa(one, k.detach(), v.detach()),
                            torch.nn.functional.scaled_dot_product_attention(one, k.detach(), v.detach()))
+        # with fp32 keys (the cache under CPU autocast) it is the fp32 attention of the same values
+        k32, v32 = k.detach().float(), v.detach().float()
+        mixed = fused_sdpa(one, k32, v32)
+        assert mixed.dtype == torch.bfloat16
+        assert torch.equal(mixed, torch.nn.functional.scaled_dot_product_attention(one.float(), k32, v32).bfloat16())
 
 
 @pytest.mark.parametrize("attn", ATTENTION.names())
@@ -277,6 +288,21 @@ def test_mla_caches_only_the_latent_and_one_rotary_key():
     layer = cache.layers[0]
     assert layer.latent.shape == (1, 10, 16) and layer.k_rope.shape == (1, 1, 10, 4)
     assert model.kv_cache_bytes_per_token(4) == 2 * (16 + 4) * 4
+
+
+@pytest.mark.parametrize("precision,device,dtype", [("fp32", "cpu", "fp32"), ("bf16", "cpu", "fp32"),
+                                                    ("bf16", "cuda", "bf16"), ("fp16", "cuda", "fp16")])
+def test_the_model_card_gives_the_cache_of_the_dtype_decoding_keeps(precision, device, dtype):
+    """The card's KV cache is what `new_cache` makes on that device under that precision: fp32
+    under CPU autocast (attention's scores are fp32 there), autocast's dtype on a GPU."""
+    from llmlab.train.card import model_card
+    model = tiny_model(attention=ATTN["gqa"])
+    card = model_card(model, 16, precision, device)
+    assert card["kv_cache_dtype"] == dtype
+    assert card["kv_cache_bytes_per_token"] == model.kv_cache_bytes_per_token(4 if dtype == "fp32" else 2)
+    if device == "cpu":
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            assert model.new_cache(1, 4).layers[0].k.dtype == torch.float32
 
 
 def test_default_mla_cache_is_at_most_a_quarter_of_mha():

@@ -67,9 +67,12 @@ def fused_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> t
     ms for the backward of one layer at nanoGPT's shakespeare-char shapes (batch 12, 4 heads,
     64 positions of 32 dims; torch 2.14.1, AVX-512 BF16), which took the bf16 matmuls' 2x back
     and more. The attention core is a small part of the arithmetic; fp32 there is also what a
-    GPU's kernels accumulate in. One query at a time (decoding) keeps bf16: there the cast of
-    the whole cache costs about what it saves."""
-    if q.device.type != "cpu" or q.dtype not in _REDUCED or q.shape[-2] == 1:
+    GPU's kernels accumulate in. Decoding under CPU autocast keeps its cache in fp32
+    (`llmlab.model.cache.cache_dtype`), so one query meets fp32 keys and only it is cast;
+    one query with keys in its own reduced dtype (a model whose parameters are bf16) keeps
+    the bf16 kernel, where casting the whole cache at every step costs about what it saves."""
+    same = q.dtype == k.dtype == v.dtype
+    if q.device.type != "cpu" or (same and (q.dtype not in _REDUCED or q.shape[-2] == 1)):
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
     mask = kwargs.get("attn_mask")
     if mask is not None and mask.is_floating_point():
