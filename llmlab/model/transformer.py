@@ -8,6 +8,7 @@ The model is built once from a `ModelSpec`; ``forward`` holds no branch on a var
 
 from __future__ import annotations
 
+import inspect
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             if recompute:  # train.activation_checkpointing: the block's forward runs again in the backward
                 x, weights = checkpoint(block, x, pos, positions, None, False, use_reentrant=False,
-                                        context_fn=_keep_matmuls if self.checkpointing == "selective" else noop_context_fn)
+                                        context_fn=_keep_matmuls if self.checkpointing == "selective" else noop_context_fn,
+                                        **_SAC_HOOKS)
             else:
                 x, weights = block(x, pos, positions, cache.layers[i] if cache is not None else None, need_weights)
             all_weights.append(weights)
@@ -366,6 +368,14 @@ def _log_partition_squared(logits: torch.Tensor, targets: torch.Tensor) -> torch
 # recomputed in the backward (torchtitan's per-op selective checkpointing)
 _KEPT_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+# What selective checkpointing keeps goes through the caller's saved-tensor hooks (an offload to
+# the CPU, `torch.autograd.graph.save_on_cpu`, sees the kept matmul outputs too), where torch
+# has the choice (2.14 on; it warns while the default still bypasses them, and a later release
+# makes honouring them the default). Older releases bypass the hooks, and have no such argument.
+_SAC_HOOKS = ({"respect_saved_tensors_hooks": True}
+              if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
 
 
 def _keep_matmuls():

@@ -52,10 +52,16 @@ def test_checkpointing_trains_bit_for_bit_as_keeping_everything(attn):
 
 
 def test_checkpointing_keeps_only_each_blocks_input_for_the_backward():
-    # what the graph keeps outside the checkpointed blocks (selective's own matmul outputs are
-    # held by the checkpoint, not by the graph: bench.activation_checkpointing measures them)
+    """What the saved-tensor hooks see: full keeps each block's input; selective adds the
+    matmul outputs it keeps, where torch routes them through the hooks (2.14 on; older
+    releases hold them out of the hooks' sight: bench.activation_checkpointing measures them)."""
+    from llmlab.model.transformer import _SAC_HOOKS
     kept = {mode: steps(mode, ffn="moe")[2] for mode in MODES}
-    assert kept["full"] == kept["selective"] < kept["none"] / 5, kept
+    assert kept["full"] < kept["none"] / 5, kept
+    if _SAC_HOOKS:
+        assert kept["full"] < kept["selective"] < kept["none"], kept
+    else:
+        assert kept["selective"] == kept["full"], kept
     losses = {mode: steps(mode, ffn="moe")[0] for mode in MODES}  # the MoE's balance loss recomputed as well
     assert losses["full"] == losses["selective"] == losses["none"]
 
