@@ -41,6 +41,7 @@ def test_a_document_is_scored_as_if_it_were_alone(attn):
 
 
 @pytest.mark.parametrize("attn", ["gqa", "swa"])  # shared key/value heads; one per query head, with a window
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")  # unfused on purpose
 def test_flex_attention_keeps_the_same_documents_as_the_mask(attn, monkeypatch):
     """The CUDA route (`llmlab.model.flex`), run unfused on the CPU: the same logits as SDPA
     under the boolean mask, at several documents a window (its CPU path has no backward)."""
