@@ -192,7 +192,7 @@ def _run(job: SampleConfig, run_dir: Path) -> None:
     picker = ThreadPicker.for_decoding(device, job.threads)  # its first reading of the load covers the loading
     ckpt = causal_checkpoint(job.ckpt, "ckpt")
     # decoding in bf16 was measured slower than fp32 on a CPU with bf16 units too (bench.decode_vs_hf,
-    # AVX-512 BF16: 511 against 810 tokens/s at 1.7M, level at 22.9M): auto keeps fp32 there
+    # AVX-512 BF16: 521 against 810 tokens/s at 1.7M, level at 22.9M): auto keeps fp32 there
     amp = autocast(device, resolve_precision(job.precision, device, cpu_bf16=False))
     model = build_model(ckpt, device, job.weights)
     tok = ckpt.tokenizer()

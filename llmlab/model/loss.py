@@ -72,7 +72,7 @@ def _blocks_in_place(logits, targets, row_weight, acc):
     """`_chunk_eager` over blocks of ``CPU_BLOCK_BYTES`` (in ``acc``) of the logits' rows, each
     block's gradient written over its logits, in their dtype; returns the rows' losses."""
     n, vocab = logits.shape
-    rows = max(1, CPU_BLOCK_BYTES // (torch.finfo(acc).bits // 8 * vocab))
+    rows = max(1, CPU_BLOCK_BYTES // (acc.itemsize * vocab))
     nll = torch.empty(n, dtype=acc, device=logits.device)
     for start in range(0, n, rows):
         block = slice(start, min(start + rows, n))

@@ -13,25 +13,24 @@ import torch
 from llmlab import console
 from llmlab.model.cache import cache_dtype
 from llmlab.model.transformer import ModelSpec, Transformer
+from llmlab.train.device import amp_dtype
 from llmlab.perf import describe, is_number as _number, rate
 
 # Decode speed in the summary: the same prompt length, new tokens and batch for every run (fewer
 # only where the context is shorter; the summary records the setting used).
 DECODE_SETTING = {"prompt_tokens": 16, "tokens": 48, "repeats": 5}
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def model_card(model: Transformer, seq_len: int, precision: str, device_type: str) -> dict[str, Any]:
     """What the run's model is and costs. The KV cache in the dtype decoding on ``device_type``
     under ``precision`` keeps it in (`llmlab.model.cache.cache_dtype`)."""
     counts = model.param_counts()
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    cache = cache_dtype(torch.float32, device_type, amp)
+    cache = cache_dtype(torch.float32, device_type, amp_dtype(precision))
     return {"params": counts["total"], "params_embedding": counts["embedding"],
             "params_non_embedding": counts["non_embedding"], "params_active": counts["active"],
             "flops_per_token": model.flops_per_token(seq_len),
             "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(cache.itemsize),
-            "kv_cache_dtype": DTYPE_NAMES[cache], "caveats": model.caveats()}
+            "kv_cache_dtype": "fp32" if cache == torch.float32 else precision, "caveats": model.caveats()}
 
 
 def print_model_card(model: Transformer, card: dict[str, Any]) -> None:

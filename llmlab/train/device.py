@@ -129,11 +129,18 @@ def precision_note(name: str, resolved: str, device: torch.device) -> str:
     return "fp32, auto: this CPU has no bf16 units (amx_bf16, avx512_bf16)" if unit is None else "fp32, auto"
 
 
+def amp_dtype(precision: str) -> torch.dtype | None:
+    """The dtype autocast runs a resolved ``precision`` in; None for fp32 (no autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
 def autocast(device: torch.device, precision: str):
     import torch
 
-    if precision in ("bf16", "fp16"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    if (dtype := amp_dtype(precision)) is not None:
+        return torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext()
 
 
